@@ -33,7 +33,8 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
             except json.JSONDecodeError as e:
                 raise RecordError(f"invalid JSON ({e.msg} at column {e.colno})", path=path, line=lineno) from None
             if not isinstance(record, dict):
-                raise RecordError(f"expected a JSON object, got {type(record).__name__}", path=path, line=lineno)
+                kind = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(record), "null")
+                raise RecordError(f"expected a JSON object, got {kind}", path=path, line=lineno)
             yield lineno, record
 
 

@@ -1,0 +1,191 @@
+"""Typed configuration: dataclasses with a one-line help per option, loaded from YAML, then
+overridden with dotted `section.option=value` pairs from the command line.
+
+Each option says what it does and where its default comes from (the paper, the authors' scripts,
+a reference recipe). Unknown keys and ill-typed values are errors that name the file and the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad configuration; the message names the source (file or override) and the field."""
+
+
+def option(default: Any, help: str, **kwargs) -> Any:
+    """A config field with its one-line help."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs)
+    return field(default=default, metadata={"help": help}, **kwargs)
+
+
+@dataclass
+class SaarConfig:
+    """Similarity-Aware Adaptive Rollback (CLEANER, SPEC section 2)."""
+
+    gamma: float = option(0.5, "similarity threshold: sim >= gamma keeps the failed turn's reasoning "
+                               "(shallow graft), below it takes the correction's (deep graft); paper: 0.5")
+    max_retries: int = option(3, "correction attempts for one failed call before SAAR gives up (K); paper: 3")
+    rollback_probability: float = option(1.0, "per-trajectory chance that SAAR is active; the paper used "
+                                               "0.7 for Qwen2.5-7B, 1.0 otherwise")
+    similarity_on: Literal["code", "call"] = option(
+        "code", "compare the code strings (code) or the rendered tool-call text (call, as the authors' code)")
+
+    def __post_init__(self):
+        if not self.gamma >= 0:
+            raise ConfigError(f"saar.gamma must be >= 0, got {self.gamma}")
+        if self.max_retries < 0:
+            raise ConfigError(f"saar.max_retries must be >= 0, got {self.max_retries}")
+        if not 0.0 <= self.rollback_probability <= 1.0:
+            raise ConfigError(f"saar.rollback_probability must be in [0, 1], got {self.rollback_probability}")
+
+
+@dataclass
+class Config:
+    """Everything a run needs; sections are filled in as the system grows."""
+
+    seed: int = option(0, "seed for sampling, data order and initialisation")
+    saar: SaarConfig = field(default_factory=SaarConfig, metadata={"help": "SAAR (rollback) settings"})
+
+
+# --- loading ---------------------------------------------------------------------------------------
+
+
+def _convert(value: Any, tp: Any, where: str) -> Any:
+    """Check and convert one value to the field's annotated type."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            choices = ", ".join(repr(c) for c in typing.get_args(tp))
+            raise ConfigError(f"{where}: must be one of {choices}; got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{where}: invalid value {value!r}")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (item,) = typing.get_args(tp)[:1] or (Any,)
+        return [_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, where)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    raise ConfigError(f"{where}: unsupported option type {tp!r}")
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise ConfigError(f"{prefix}{unknown[0]}: unknown option (known: {', '.join(sorted(names))})")
+    kwargs = {k: _convert(v, hints[k], f"{where}.{k}" if where else k) for k, v in data.items()}
+    return cls(**kwargs)  # __post_init__ checks ranges and names the field
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = data
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted}: {k} is not a section")
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`a.b=value`; the value is read as YAML, so `0.5`, `true`, `[1, 2]` and `null` mean what they say."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected section.option=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] = (), cls: type = Config) -> Any:
+    """Defaults, then the YAML file, then the dotted overrides; each step checked against the types."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = yaml.safe_load(f) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: invalid YAML: {e}") from None
+        try:
+            _build(cls, data, "")
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(data, key, value)
+        try:
+            _build(cls, data, "")
+        except ConfigError as e:
+            raise ConfigError(f"override {text!r}: {e}") from None
+    return _build(cls, data, "")
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted name, default, help) for every option: what `cleaner config` prints."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    instance = cls()
+    for f in dataclasses.fields(cls):
+        name = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            rows.extend(describe(hints[f.name], f"{name}."))
+        else:
+            rows.append((name, repr(getattr(instance, f.name)), f.metadata.get("help", "")))
+    return rows

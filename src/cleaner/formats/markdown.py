@@ -1,0 +1,47 @@
+"""The `markdown` tool-call format (ToRL / SimpleTIR style).
+
+The assistant writes a fenced python block; it is executed and its result is appended to the same
+assistant message as a fenced `output` block, after which generation continues.
+"""
+
+from __future__ import annotations
+
+from cleaner.formats.base import CallDetector, ParsedTurn
+
+OPEN, CLOSE = "```python", "\n```"
+
+
+class MarkdownFormat:
+    name = "markdown"
+    stop = (CLOSE,)
+
+    def detector(self) -> CallDetector:
+        return CallDetector(OPEN, CLOSE)
+
+    def parse(self, text: str) -> ParsedTurn:
+        at = text.find(OPEN)
+        if at < 0:
+            return ParsedTurn(reasoning=text, code=None)
+        reasoning = text[:at].rstrip()
+        body_start = at + len(OPEN)
+        end = text.find(CLOSE, body_start)
+        if end < 0:
+            return ParsedTurn(reasoning, code=text[body_start:].strip("\n"),
+                              invalid="unterminated code block: no closing ```")
+        body = text[body_start:end]
+        if body and not body.startswith("\n"):
+            return ParsedTurn(reasoning, code=body.strip("\n"),
+                              invalid="the code block must start on the line after ```python")
+        return ParsedTurn(reasoning, code=body[1:])
+
+    def render(self, reasoning: str, code: str | None) -> str:
+        if code is None:
+            return reasoning
+        sep = "\n" if reasoning else ""
+        return f"{reasoning}{sep}{OPEN}\n{code}{CLOSE}"
+
+    def observation_ids(self, tokenizer, text: str, *, turn_ended: bool = False) -> list[int]:
+        """The result as a fenced output block inside the same assistant message."""
+        if turn_ended:
+            raise ValueError("the markdown format continues the assistant turn; it cannot follow its end")
+        return tokenizer.encode(f"\n```output\n{text}\n```\n", add_special_tokens=False)

@@ -1,0 +1,15 @@
+"""Small builders shared by the tests."""
+
+from cleaner.trajectory import Observation, Trajectory, Turn
+
+OK = Observation(status="ok", stdout="3\n")
+
+
+def err(kind: str = "NameError", message: str = "name 'x' is not defined") -> Observation:
+    return Observation(status="error", stderr=f"{kind}: {message}", error_type=kind)
+
+
+def make_trajectory(*turns: Turn, id: str = "t0", **extra) -> Trajectory:
+    return Trajectory(id=id, prompt=[{"role": "user", "content": "What is 1+2?"}], turns=list(turns), **extra)
+
+
