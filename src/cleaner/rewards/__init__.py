@@ -1,0 +1,25 @@
+"""Outcome rewards on a response's final answer: math (math-verify), multiple choice, reasoning-gym.
+
+Each returns a `Score` (correct, reward +1/-1, score in [0, 1], the extracted answer, a note) and
+runs in bounded time. The code reward (tests run in the sandbox) lives with the sandbox.
+"""
+
+from cleaner.rewards.answer import Score, clean_answer, last_boxed
+from cleaner.rewards.choice import choice_letter, score_choice
+from cleaner.rewards.files import score_file
+from cleaner.rewards.gym import score_gym
+from cleaner.rewards.math import MathVerifier, score_math, score_math_async, shared_verifier
+
+__all__ = [
+    "MathVerifier",
+    "Score",
+    "choice_letter",
+    "clean_answer",
+    "last_boxed",
+    "score_choice",
+    "score_file",
+    "score_gym",
+    "score_math",
+    "score_math_async",
+    "shared_verifier",
+]

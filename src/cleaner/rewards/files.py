@@ -1,0 +1,100 @@
+"""Score a JSONL file of responses (the math and mcq kinds of `cleaner score`)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from cleaner.jsonl import RecordError, atomic_writer, dump_line, read_jsonl
+from cleaner.rewards.answer import Score
+from cleaner.rewards.choice import choice_letter, score_choice
+from cleaner.rewards.math import DEFAULT_WORKERS, MathVerifier, score_math, shared_verifier
+
+FILE_KINDS = ("math", "mcq")
+_CHUNK = 256  # records in flight at once: enough to keep the workers busy, bounded memory
+
+
+def _scored_record(kind: str, record: dict[str, Any], verifier: MathVerifier) -> dict[str, Any]:
+    if kind == "math":
+        score = score_math(record["response"], record["answer"], verifier=verifier)
+    else:
+        score = score_choice(record["response"], record["answer"])
+    return {**record, **_fields(score)}
+
+
+def _fields(score: Score) -> dict[str, Any]:
+    out = {
+        "correct": score.correct,
+        "score": score.score,
+        "reward": score.reward,
+        "predicted": score.predicted,
+    }
+    if score.note:
+        out["note"] = score.note
+    return out
+
+
+def _checked(path: str | os.PathLike, kind: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    for lineno, record in read_jsonl(path):
+        if not isinstance(record.get("response"), str):
+            raise RecordError("missing or not a string", path=path, line=lineno, field="response")
+        answer = record.get("answer")
+        if (
+            isinstance(answer, bool)
+            or not isinstance(answer, (str, int, float))
+            or str(answer).strip() == ""
+        ):
+            raise RecordError(
+                "missing, empty or not a string or number", path=path, line=lineno, field="answer"
+            )
+        if kind == "mcq":
+            if choice_letter(str(answer)) is None:
+                raise RecordError(
+                    f"{answer!r} is not an option letter (A-D)",
+                    path=path,
+                    line=lineno,
+                    field="answer",
+                )
+        yield lineno, {**record, "answer": str(answer)}
+
+
+def score_file(
+    in_path: str | os.PathLike,
+    out_path: str | os.PathLike,
+    kind: str,
+    *,
+    workers: int = DEFAULT_WORKERS,
+    verifier: MathVerifier | None = None,
+) -> dict[str, Any]:
+    """Score every `{"id", "response", "answer"}` line of `in_path` into `out_path`.
+
+    Output lines are the input lines, in order, with `correct`, `score` (1 or 0), `reward`
+    (+1 / -1), `predicted` (the extracted answer, null if none) and, when wrong, `note` added.
+    The output appears only when every line was scored; a malformed line raises RecordError
+    naming the file, line and field. Returns a summary: count, correct, accuracy, no_answer,
+    timeouts.
+    """
+    if kind not in FILE_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(FILE_KINDS)}; got {kind!r}")
+    verifier = verifier or shared_verifier()
+    count = correct = no_answer = timeouts = 0
+    records = _checked(in_path, kind)
+    with atomic_writer(out_path) as out, ThreadPoolExecutor(max_workers=workers) as pool:
+        while chunk := list(itertools.islice(records, _CHUNK)):
+            for scored in pool.map(lambda item: _scored_record(kind, item[1], verifier), chunk):
+                out.write(dump_line(scored))
+                count += 1
+                correct += scored["correct"]
+                no_answer += scored["predicted"] is None
+                timeouts += "timed out" in scored.get("note", "")
+    return {
+        "kind": kind,
+        "count": count,
+        "correct": correct,
+        "accuracy": correct / count if count else 0.0,
+        "no_answer": no_answer,
+        "timeouts": timeouts,
+    }
