@@ -50,14 +50,13 @@ def _checked(path: str | os.PathLike, kind: str) -> Iterator[tuple[int, dict[str
             raise RecordError(
                 "missing, empty or not a string or number", path=path, line=lineno, field="answer"
             )
-        if kind == "mcq":
-            if choice_letter(str(answer)) is None:
-                raise RecordError(
-                    f"{answer!r} is not an option letter (A-D)",
-                    path=path,
-                    line=lineno,
-                    field="answer",
-                )
+        if kind == "mcq" and choice_letter(str(answer)) is None:
+            raise RecordError(
+                f"{answer!r} is not an option letter (A-D)",
+                path=path,
+                line=lineno,
+                field="answer",
+            )
         yield lineno, {**record, "answer": str(answer)}
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from cleaner.rewards.answer import MAX_ANSWER_CHARS, Score, clean_answer, last_boxed, verdict
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gym_scorer(task: str) -> Callable[[str | None, dict[str, Any]], float]:
     """The `score_answer` of reasoning-gym task `task` (ValueError for an unknown task)."""
     import reasoning_gym
