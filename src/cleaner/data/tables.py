@@ -72,8 +72,7 @@ def _read_datasets_folder(path: Path, split: str | None) -> Iterator[tuple[int, 
         if split not in loaded:
             raise RecordError(f"choose a split: {', '.join(loaded)}", path=path, field="split")
         loaded = loaded[split]
-    for row, record in enumerate(loaded, start=1):
-        yield row, record
+    yield from enumerate(loaded, start=1)
 
 
 def column(record: Mapping[str, Any], name: Column, *, required: bool = True) -> Any:
