@@ -9,7 +9,12 @@ def err(kind: str = "NameError", message: str = "name 'x' is not defined") -> Ob
     return Observation(status="error", stderr=f"{kind}: {message}", error_type=kind)
 
 
-def make_trajectory(*turns: Turn, id: str = "t0", **extra) -> Trajectory:
-    return Trajectory(id=id, prompt=[{"role": "user", "content": "What is 1+2?"}], turns=list(turns), **extra)
-
-
+def make_trajectory(*turns: Turn, id: str = "t0", saar=None, **extra) -> Trajectory:
+    """A trajectory on a fixed prompt; unknown keyword arguments become extra keys of the record."""
+    return Trajectory(
+        id=id,
+        prompt=[{"role": "user", "content": "What is 1+2?"}],
+        turns=list(turns),
+        saar=saar,
+        extra=extra,
+    )

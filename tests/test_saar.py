@@ -17,6 +17,7 @@ def final(text="The answer is \\boxed{3}."):
 
 # --- similarity and graft -----------------------------------------------------------------------
 
+
 def test_similarity_is_difflib_ratio_with_defaults():
     a, b = "print(x)", "x = 3\nprint(x)"
     assert similarity(a, b) == difflib.SequenceMatcher(None, a, b).ratio()
@@ -26,19 +27,30 @@ def test_similarity_is_difflib_ratio_with_defaults():
 def test_call_mode_compares_the_rendered_tool_call():
     cur, fix = Turn("r", "print(x)", err()), Turn("s", "import math\nprint(math.pi)", OK)
     on_call = code_similarity(cur, fix, "call")
-    assert on_call == similarity(render_call("print(x)"), render_call("import math\nprint(math.pi)"))
+    assert on_call == similarity(
+        render_call("print(x)"), render_call("import math\nprint(math.pi)")
+    )
     assert on_call > code_similarity(cur, fix, "code")  # the shared JSON wrapper raises it
     with pytest.raises(ValueError):
         code_similarity(cur, fix, "tokens")
 
 
 def test_shallow_graft_keeps_reasoning_and_takes_the_fix():
-    cur = Turn("Compute the sum.", "print(sum(range(10))", err("SyntaxError", "'(' was never closed"),
-               extra={"kept": 1})
+    cur = Turn(
+        "Compute the sum.",
+        "print(sum(range(10))",
+        err("SyntaxError", "'(' was never closed"),
+        extra={"kept": 1},
+    )
     fix = Turn("I missed a parenthesis.", "print(sum(range(10)))", OK, extra={"dropped": 1})
     out, kind, sim = graft(cur, fix, gamma=0.5)
     assert kind == "shallow" and sim > 0.9
-    assert (out.reasoning, out.code, out.observation, out.origin) == (cur.reasoning, fix.code, OK, "shallow")
+    assert (out.reasoning, out.code, out.observation, out.origin) == (
+        cur.reasoning,
+        fix.code,
+        OK,
+        "shallow",
+    )
     assert out.extra == {"kept": 1} and not out.failed
 
 
@@ -48,7 +60,12 @@ def test_deep_graft_takes_reasoning_and_code_of_the_fix():
     out, kind, sim = graft(cur, fix, gamma=0.5)
     assert kind == "deep" and sim < 0.5
     assert (out.reasoning, out.code, out.observation, out.origin, out.extra) == (
-        fix.reasoning, fix.code, OK, "deep", {"k": 2})
+        fix.reasoning,
+        fix.code,
+        OK,
+        "deep",
+        {"k": 2},
+    )
 
 
 def test_similarity_equal_to_gamma_is_shallow():
@@ -60,9 +77,13 @@ def test_similarity_equal_to_gamma_is_shallow():
 
 # --- offline purification: the SPEC rule case by case -------------------------------------------
 
+
 def test_spec_example_is_purified():
-    t = make_trajectory(Turn("Let me compute it.", "print(x)", err()),
-                        Turn("x was never defined.", "x = 3\nprint(x)", OK), final())
+    t = make_trajectory(
+        Turn("Let me compute it.", "print(x)", err()),
+        Turn("x was never defined.", "x = 3\nprint(x)", OK),
+        final(),
+    )
     p = purify(t)
     assert len(p.turns) == 2 and p.failed_calls == 0
     assert p.turns[0].code == "x = 3\nprint(x)" and p.turns[0].observation == OK
@@ -72,8 +93,12 @@ def test_spec_example_is_purified():
 
 
 def test_recovery_after_several_attempts_counts_attempts():
-    t = make_trajectory(Turn("a", "print(y)", err()), Turn("b", "print(y + 1)", err()),
-                        Turn("c", "y = 1\nprint(y + 1)", OK), final())
+    t = make_trajectory(
+        Turn("a", "print(y)", err()),
+        Turn("b", "print(y + 1)", err()),
+        Turn("c", "y = 1\nprint(y + 1)", OK),
+        final(),
+    )
     p = purify(t, max_retries=3)
     assert [g.attempt for g in p.saar.grafts] == [1, 2]
     assert {g.turn for g in p.saar.grafts} == {0}
@@ -82,12 +107,19 @@ def test_recovery_after_several_attempts_counts_attempts():
 
 def test_gives_up_after_max_retries_and_stays_raw():
     fails = [Turn(f"try {k}", f"print(z{k})", err()) for k in range(4)]
-    later_fail, later_fix = Turn("again", "1/0", err("ZeroDivisionError", "division by zero")), Turn("ok", "print(1)", OK)
-    t = make_trajectory(*fails, Turn("fixed", "z = 1\nprint(z)", OK), later_fail, later_fix, final())
+    later_fail, later_fix = (
+        Turn("again", "1/0", err("ZeroDivisionError", "division by zero")),
+        Turn("ok", "print(1)", OK),
+    )
+    t = make_trajectory(
+        *fails, Turn("fixed", "z = 1\nprint(z)", OK), later_fail, later_fix, final()
+    )
     p = purify(t, max_retries=3)
     assert p.saar.gave_up
     assert [g.attempt for g in p.saar.grafts] == [1, 2, 3]
-    assert p.turns[0].failed and p.turns[0].code == "print(z3)"  # the last grafted turn keeps its error
+    assert (
+        p.turns[0].failed and p.turns[0].code == "print(z3)"
+    )  # the last grafted turn keeps its error
     assert [turn.code for turn in p.turns[1:]] == ["z = 1\nprint(z)", "1/0", "print(1)", None]
     assert p.turns[2].failed  # SAAR is off after giving up: the later failure stays
 
@@ -111,27 +143,53 @@ def test_max_retries_zero_never_grafts():
 
 
 def test_graft_turn_indices_refer_to_the_output():
-    t = make_trajectory(Turn("ok first", "print(1)", OK), Turn("a", "print(x)", err()),
-                        Turn("b", "x=1\nprint(x)", OK), Turn("c", "print(q)", err()), Turn("d", "q=2\nprint(q)", OK))
+    t = make_trajectory(
+        Turn("ok first", "print(1)", OK),
+        Turn("a", "print(x)", err()),
+        Turn("b", "x=1\nprint(x)", OK),
+        Turn("c", "print(q)", err()),
+        Turn("d", "q=2\nprint(q)", OK),
+    )
     p = purify(t)
     assert [g.turn for g in p.saar.grafts] == [1, 2]
-    assert [turn.origin for turn in p.turns] == ["sampled", p.saar.grafts[0].kind, p.saar.grafts[1].kind]
+    assert [turn.origin for turn in p.turns] == [
+        "sampled",
+        p.saar.grafts[0].kind,
+        p.saar.grafts[1].kind,
+    ]
 
 
 def test_a_trajectory_with_a_saar_record_is_not_purified_again():
-    t = make_trajectory(Turn("a", "print(x)", err()), Turn("b", "x=1\nprint(x)", OK),
-                        saar=SaarRecord(active=False))
+    t = make_trajectory(
+        Turn("a", "print(x)", err()), Turn("b", "x=1\nprint(x)", OK), saar=SaarRecord(active=False)
+    )
     assert purify(t) is t
 
 
 # --- properties ---------------------------------------------------------------------------------
 
-codes = st.sampled_from(["print(x)", "x = 1\nprint(x)", "import math\nprint(math.sqrt(2))", "1/0",
-                         "print(sum(range(10))", "for i in range(3): print(i)", "y = [1, 2]\nprint(y[5])"])
+codes = st.sampled_from(
+    [
+        "print(x)",
+        "x = 1\nprint(x)",
+        "import math\nprint(math.sqrt(2))",
+        "1/0",
+        "print(sum(range(10))",
+        "for i in range(3): print(i)",
+        "y = [1, 2]\nprint(y[5])",
+    ]
+)
 reasonings = st.text(alphabet="abc xyz.", max_size=12)
-observations = st.sampled_from([OK, err(), err("ZeroDivisionError", "division by zero"),
-                                Observation("timeout", stderr="TimeoutError"), Observation("invalid"),
-                                Observation("killed", reason="memory")])
+observations = st.sampled_from(
+    [
+        OK,
+        err(),
+        err("ZeroDivisionError", "division by zero"),
+        Observation("timeout", stderr="TimeoutError"),
+        Observation("invalid"),
+        Observation("killed", reason="memory"),
+    ]
+)
 extras = st.dictionaries(st.sampled_from(["k1", "k2", "tokens"]), st.integers(), max_size=2)
 tool_turns = st.builds(Turn, reasonings, codes, observations, st.none(), extras)
 final_turns = st.builds(Turn, reasonings, st.none(), st.none(), st.none(), extras)
@@ -183,8 +241,10 @@ def test_no_failed_turn_before_the_give_up_point(t, p):
         assert failed_at == []
     else:
         g = failed_at[0]  # the give-up turn; everything after it is raw input
-        tail = t.turns[len(t.turns) - (len(out.turns) - g - 1):] if len(out.turns) - g - 1 else []
-        assert [(u.code, u.observation) for u in out.turns[g + 1:]] == [(u.code, u.observation) for u in tail]
+        tail = t.turns[len(t.turns) - (len(out.turns) - g - 1) :] if len(out.turns) - g - 1 else []
+        assert [(u.code, u.observation) for u in out.turns[g + 1 :]] == [
+            (u.code, u.observation) for u in tail
+        ]
 
 
 @settings(max_examples=300, deadline=None)
@@ -216,7 +276,9 @@ def test_gamma_zero_only_shallow_gamma_above_one_only_deep(t, k):
 def test_purifying_twice_equals_once(t, p):
     once = purify(t, *p)
     assert purify(once, *p) == once
-    if not once.saar.gave_up:  # even with the record stripped, a purified trajectory is a fixed point
+    if (
+        not once.saar.gave_up
+    ):  # even with the record stripped, a purified trajectory is a fixed point
         again = purify(dataclasses.replace(once, saar=None), *p)
         assert again.turns == once.turns
 

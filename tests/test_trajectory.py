@@ -6,17 +6,29 @@ from cleaner.jsonl import RecordError
 from cleaner.trajectory import Observation, Trajectory, Turn, read_trajectories
 
 SPEC_EXAMPLE = {
-    "id": "aime24-3/7", "schema": "cleaner.trajectory/1",
+    "id": "aime24-3/7",
+    "schema": "cleaner.trajectory/1",
     "prompt": [{"role": "system", "content": "..."}, {"role": "user", "content": "..."}],
     "turns": [
-        {"reasoning": "Let me compute it.", "code": "print(x)",
-         "observation": {"status": "error", "stdout": "", "stderr": "NameError: name 'x' is not defined",
-                         "error_type": "NameError"}},
-        {"reasoning": "x was never defined.", "code": "x = 3\nprint(x)",
-         "observation": {"status": "ok", "stdout": "3\n", "stderr": ""}},
+        {
+            "reasoning": "Let me compute it.",
+            "code": "print(x)",
+            "observation": {
+                "status": "error",
+                "stdout": "",
+                "stderr": "NameError: name 'x' is not defined",
+                "error_type": "NameError",
+            },
+        },
+        {
+            "reasoning": "x was never defined.",
+            "code": "x = 3\nprint(x)",
+            "observation": {"status": "ok", "stdout": "3\n", "stderr": ""},
+        },
         {"reasoning": "The answer is \\boxed{3}.", "code": None, "observation": None},
     ],
-    "answer": "3", "reward": 1.0,
+    "answer": "3",
+    "reward": 1.0,
 }
 
 
@@ -49,16 +61,27 @@ def test_failed_means_code_and_a_non_ok_observation():
     [
         (lambda r: r.pop("turns"), "turns", "missing"),
         (lambda r: r.__setitem__("turns", {}), "turns", "expected array"),
-        (lambda r: r["turns"][1]["observation"].__setitem__("status", "fine"), "turns[1].observation.status",
-         "must be one of"),
+        (
+            lambda r: r["turns"][1]["observation"].__setitem__("status", "fine"),
+            "turns[1].observation.status",
+            "must be one of",
+        ),
         (lambda r: r["turns"][0].__setitem__("code", 3), "turns[0].code", "expected string"),
-        (lambda r: r["turns"][2].__setitem__("observation", {"status": "ok"}), "turns[2].observation",
-         "needs a tool call"),
+        (
+            lambda r: r["turns"][2].__setitem__("observation", {"status": "ok"}),
+            "turns[2].observation",
+            "needs a tool call",
+        ),
         (lambda r: r.__setitem__("reward", "high"), "reward", "expected integer or number"),
         (lambda r: r.__setitem__("schema", "other/2"), "schema", "unsupported schema"),
         (lambda r: r["prompt"][0].pop("role"), "prompt[0].role", "missing"),
-        (lambda r: r.__setitem__("saar", {"grafts": [{"turn": 0, "kind": "medium", "similarity": 1,
-                                                       "attempt": 1}]}), "saar.grafts[0].kind", "must be one of"),
+        (
+            lambda r: r.__setitem__(
+                "saar", {"grafts": [{"turn": 0, "kind": "medium", "similarity": 1, "attempt": 1}]}
+            ),
+            "saar.grafts[0].kind",
+            "must be one of",
+        ),
     ],
 )
 def test_malformed_records_name_file_line_and_field(tmp_path, mutate, field, message):

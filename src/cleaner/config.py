@@ -24,7 +24,9 @@ class ConfigError(ValueError):
 def option(default: Any, help: str, **kwargs) -> Any:
     """A config field with its one-line help."""
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs)
+        return field(
+            default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs
+        )
     return field(default=default, metadata={"help": help}, **kwargs)
 
 
@@ -32,13 +34,23 @@ def option(default: Any, help: str, **kwargs) -> Any:
 class SaarConfig:
     """Similarity-Aware Adaptive Rollback (CLEANER, SPEC section 2)."""
 
-    gamma: float = option(0.5, "similarity threshold: sim >= gamma keeps the failed turn's reasoning "
-                               "(shallow graft), below it takes the correction's (deep graft); paper: 0.5")
-    max_retries: int = option(3, "correction attempts for one failed call before SAAR gives up (K); paper: 3")
-    rollback_probability: float = option(1.0, "per-trajectory chance that SAAR is active; the paper used "
-                                               "0.7 for Qwen2.5-7B, 1.0 otherwise")
+    gamma: float = option(
+        0.5,
+        "similarity threshold: sim >= gamma keeps the failed turn's reasoning "
+        "(shallow graft), below it takes the correction's (deep graft); paper: 0.5",
+    )
+    max_retries: int = option(
+        3, "correction attempts for one failed call before SAAR gives up (K); paper: 3"
+    )
+    rollback_probability: float = option(
+        1.0,
+        "per-trajectory chance that SAAR is active; the paper used "
+        "0.7 for Qwen2.5-7B, 1.0 otherwise",
+    )
     similarity_on: Literal["code", "call"] = option(
-        "code", "compare the code strings (code) or the rendered tool-call text (call, as the authors' code)")
+        "code",
+        "compare the code strings (code) or the rendered tool-call text (call, as the authors' code)",
+    )
 
     def __post_init__(self):
         if not self.gamma >= 0:
@@ -46,7 +58,9 @@ class SaarConfig:
         if self.max_retries < 0:
             raise ConfigError(f"saar.max_retries must be >= 0, got {self.max_retries}")
         if not 0.0 <= self.rollback_probability <= 1.0:
-            raise ConfigError(f"saar.rollback_probability must be in [0, 1], got {self.rollback_probability}")
+            raise ConfigError(
+                f"saar.rollback_probability must be in [0, 1], got {self.rollback_probability}"
+            )
 
 
 @dataclass
@@ -54,7 +68,9 @@ class Config:
     """Everything a run needs; sections are filled in as the system grows."""
 
     seed: int = option(0, "seed for sampling, data order and initialisation")
-    saar: SaarConfig = field(default_factory=SaarConfig, metadata={"help": "SAAR (rollback) settings"})
+    saar: SaarConfig = field(
+        default_factory=SaarConfig, metadata={"help": "SAAR (rollback) settings"}
+    )
 
 
 # --- loading ---------------------------------------------------------------------------------------
@@ -121,7 +137,9 @@ def _build(cls: type, data: Any, where: str) -> Any:
     unknown = sorted(set(data) - names)
     if unknown:
         prefix = f"{where}." if where else ""
-        raise ConfigError(f"{prefix}{unknown[0]}: unknown option (known: {', '.join(sorted(names))})")
+        raise ConfigError(
+            f"{prefix}{unknown[0]}: unknown option (known: {', '.join(sorted(names))})"
+        )
     kwargs = {k: _convert(v, hints[k], f"{where}.{k}" if where else k) for k, v in data.items()}
     return cls(**kwargs)  # __post_init__ checks ranges and names the field
 
@@ -152,7 +170,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] = (), cls: type = Config) -> Any:
+def load_config(
+    path: str | os.PathLike | None = None, overrides: list[str] = (), cls: type = Config
+) -> Any:
     """Defaults, then the YAML file, then the dotted overrides; each step checked against the types."""
     data: dict[str, Any] = {}
     if path is not None:

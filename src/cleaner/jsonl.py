@@ -14,8 +14,14 @@ from typing import Any, TextIO
 class RecordError(ValueError):
     """A malformed input record; the message names the file, the line and the field."""
 
-    def __init__(self, message: str, *, path: str | os.PathLike | None = None, line: int | None = None,
-                 field: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | os.PathLike | None = None,
+        line: int | None = None,
+        field: str | None = None,
+    ):
         self.path, self.line, self.field, self.reason = path, line, field, message
         where = ":".join(str(p) for p in (path, line) if p is not None)
         what = f"{field}: {message}" if field else message
@@ -31,9 +37,17 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise RecordError(f"invalid JSON ({e.msg} at column {e.colno})", path=path, line=lineno) from None
+                raise RecordError(
+                    f"invalid JSON ({e.msg} at column {e.colno})", path=path, line=lineno
+                ) from None
             if not isinstance(record, dict):
-                kind = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(record), "null")
+                kind = {
+                    list: "array",
+                    str: "string",
+                    int: "number",
+                    float: "number",
+                    bool: "boolean",
+                }.get(type(record), "null")
                 raise RecordError(f"expected a JSON object, got {kind}", path=path, line=lineno)
             yield lineno, record
 

@@ -37,8 +37,14 @@ class PurifySummary:
         self.gave_up += saar.gave_up
 
 
-def purify_file(in_path: str | os.PathLike, out_path: str | os.PathLike, *, gamma: float = 0.5,
-                max_retries: int = 3, similarity_on: SimilarityOn = "code") -> PurifySummary:
+def purify_file(
+    in_path: str | os.PathLike,
+    out_path: str | os.PathLike,
+    *,
+    gamma: float = 0.5,
+    max_retries: int = 3,
+    similarity_on: SimilarityOn = "code",
+) -> PurifySummary:
     """Purify every trajectory of `in_path` into `out_path`.
 
     Memory does not grow with the number of records. A malformed record raises `RecordError` naming
@@ -47,7 +53,9 @@ def purify_file(in_path: str | os.PathLike, out_path: str | os.PathLike, *, gamm
     summary = PurifySummary()
     with atomic_writer(out_path) as out:
         for raw in read_trajectories(in_path):
-            purified = purify(raw, gamma=gamma, max_retries=max_retries, similarity_on=similarity_on)
+            purified = purify(
+                raw, gamma=gamma, max_retries=max_retries, similarity_on=similarity_on
+            )
             summary.add(raw, purified)
             out.write(dump_line(purified.to_dict()))
     return summary

@@ -40,8 +40,9 @@ def code_similarity(current: Turn, correction: Turn, on: SimilarityOn = "code") 
     raise ValueError(f"similarity_on must be 'code' or 'call', got {on!r}")
 
 
-def graft(current: Turn, correction: Turn, gamma: float = 0.5,
-          similarity_on: SimilarityOn = "code") -> tuple[Turn, str, float]:
+def graft(
+    current: Turn, correction: Turn, gamma: float = 0.5, similarity_on: SimilarityOn = "code"
+) -> tuple[Turn, str, float]:
     """Graft `correction` in place of the failed `current` turn; return (turn, kind, similarity).
 
     Shallow (`sim >= gamma`) keeps the current reasoning; deep takes the correction's. Either way the
@@ -52,13 +53,21 @@ def graft(current: Turn, correction: Turn, gamma: float = 0.5,
     kind = "shallow" if sim >= gamma else "deep"
     base = current if kind == "shallow" else correction
     grafted = dataclasses.replace(
-        base, code=correction.code, observation=correction.observation, origin=kind, extra=dict(base.extra)
+        base,
+        code=correction.code,
+        observation=correction.observation,
+        origin=kind,
+        extra=dict(base.extra),
     )
     return grafted, kind, sim
 
 
-def purify(trajectory: Trajectory, gamma: float = 0.5, max_retries: int = 3,
-           similarity_on: SimilarityOn = "code") -> Trajectory:
+def purify(
+    trajectory: Trajectory,
+    gamma: float = 0.5,
+    max_retries: int = 3,
+    similarity_on: SimilarityOn = "code",
+) -> Trajectory:
     """Offline SAAR on a recorded raw trajectory (SPEC section 2).
 
     The turns after a failure are the model's correction attempts. Each is grafted in place of the
@@ -100,4 +109,6 @@ def purify(trajectory: Trajectory, gamma: float = 0.5, max_retries: int = 3,
                 i = j
                 break
 
-    return dataclasses.replace(trajectory, turns=out, saar=SaarRecord(active=True, grafts=grafts, gave_up=gave_up))
+    return dataclasses.replace(
+        trajectory, turns=out, saar=SaarRecord(active=True, grafts=grafts, gave_up=gave_up)
+    )

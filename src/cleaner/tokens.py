@@ -39,7 +39,9 @@ class Segment:
 
     def __post_init__(self):
         if self.origin not in SEGMENT_ORIGINS:
-            raise ValueError(f"segment origin must be one of {', '.join(SEGMENT_ORIGINS)}; got {self.origin!r}")
+            raise ValueError(
+                f"segment origin must be one of {', '.join(SEGMENT_ORIGINS)}; got {self.origin!r}"
+            )
         if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
             raise ValueError(f"{len(self.logprobs)} log-probs for {len(self.token_ids)} tokens")
 
@@ -60,7 +62,9 @@ class Segment:
         if not isinstance(data, dict):
             raise RecordError("expected an object", field=where)
         ids = data.get("token_ids")
-        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        if not isinstance(ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids
+        ):
             raise RecordError("expected an array of integers", field=f"{where}.token_ids")
         logprobs = data.get("logprobs")
         if logprobs is not None and (
@@ -71,7 +75,12 @@ class Segment:
         if turn is not None and (not isinstance(turn, int) or isinstance(turn, bool)):
             raise RecordError("expected an integer", field=f"{where}.turn")
         try:
-            return cls(data.get("origin"), ids, None if logprobs is None else [float(x) for x in logprobs], turn)
+            return cls(
+                data.get("origin"),
+                ids,
+                None if logprobs is None else [float(x) for x in logprobs],
+                turn,
+            )
         except ValueError as e:
             raise RecordError(str(e), field=where) from None
 
@@ -83,8 +92,13 @@ class TokenTrajectory:
     trajectory: Trajectory
     segments: list[Segment] = field(default_factory=list)
 
-    def append(self, origin: str, token_ids: list[int], logprobs: list[float] | None = None,
-               turn: int | None = None) -> None:
+    def append(
+        self,
+        origin: str,
+        token_ids: list[int],
+        logprobs: list[float] | None = None,
+        turn: int | None = None,
+    ) -> None:
         if token_ids:
             self.segments.append(Segment(origin, list(token_ids), logprobs, turn))
 
@@ -119,7 +133,10 @@ class TokenTrajectory:
         return n
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.trajectory.to_dict(), "tokens": {"segments": [s.to_dict() for s in self.segments]}}
+        return {
+            **self.trajectory.to_dict(),
+            "tokens": {"segments": [s.to_dict() for s in self.segments]},
+        }
 
     @classmethod
     def from_dict(cls, data: Any) -> TokenTrajectory:
@@ -130,9 +147,13 @@ class TokenTrajectory:
             raise RecordError("a token trajectory needs tokens.segments", field="tokens")
         record = {k: v for k, v in data.items() if k != "tokens"}
         trajectory = Trajectory.from_dict(record)
-        segments = [Segment.from_dict(s, f"tokens.segments[{i}]") for i, s in enumerate(tokens["segments"])]
+        segments = [
+            Segment.from_dict(s, f"tokens.segments[{i}]") for i, s in enumerate(tokens["segments"])
+        ]
         for i, s in enumerate(segments):
             if s.turn is not None and not 0 <= s.turn < len(trajectory.turns):
-                raise RecordError(f"turn {s.turn} does not exist ({len(trajectory.turns)} turns)",
-                                  field=f"tokens.segments[{i}].turn")
+                raise RecordError(
+                    f"turn {s.turn} does not exist ({len(trajectory.turns)} turns)",
+                    field=f"tokens.segments[{i}].turn",
+                )
         return cls(trajectory, segments)

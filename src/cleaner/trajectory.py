@@ -37,7 +37,14 @@ class _Fields:
     def path(self, key: str) -> str:
         return f"{self.where}.{key}" if self.where else key
 
-    def get(self, key: str, types: type | tuple[type, ...], *, required: bool = False, default: Any = None):
+    def get(
+        self,
+        key: str,
+        types: type | tuple[type, ...],
+        *,
+        required: bool = False,
+        default: Any = None,
+    ):
         self.used.add(key)
         if key not in self.data:
             if required:
@@ -47,15 +54,26 @@ class _Fields:
         if value is None and not required:
             return default
         # bool is an int in Python; JSON true is not a number.
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+        if not isinstance(value, types) or (
+            isinstance(value, bool) and bool not in _as_tuple(types)
+        ):
             names = " or ".join(_type_name(t) for t in _as_tuple(types))
             raise RecordError(f"expected {names}, got {_json_type(value)}", field=self.path(key))
         return value
 
-    def choice(self, key: str, choices: tuple[str, ...], *, required: bool = False, default: str | None = None):
+    def choice(
+        self,
+        key: str,
+        choices: tuple[str, ...],
+        *,
+        required: bool = False,
+        default: str | None = None,
+    ):
         value = self.get(key, str, required=required, default=default)
         if value is not None and value not in choices:
-            raise RecordError(f"must be one of {', '.join(choices)}; got {value!r}", field=self.path(key))
+            raise RecordError(
+                f"must be one of {', '.join(choices)}; got {value!r}", field=self.path(key)
+            )
         return value
 
     def extra(self) -> dict[str, Any]:
@@ -67,9 +85,14 @@ def _as_tuple(types):
 
 
 def _type_name(t: type) -> str:
-    return {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}.get(
-        t, t.__name__
-    )
+    return {
+        str: "string",
+        int: "integer",
+        float: "number",
+        bool: "boolean",
+        list: "array",
+        dict: "object",
+    }.get(t, t.__name__)
 
 
 def _json_type(value: Any) -> str:
@@ -142,7 +165,9 @@ class Turn:
             extra=f.extra(),
         )
         if turn.code is None and turn.observation is not None:
-            raise RecordError("an observation needs a tool call (code is null)", field=f.path("observation"))
+            raise RecordError(
+                "an observation needs a tool call (code is null)", field=f.path("observation")
+            )
         return turn
 
     def to_dict(self) -> dict[str, Any]:
@@ -178,8 +203,13 @@ class Graft:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"turn": self.turn, "kind": self.kind, "similarity": self.similarity, "attempt": self.attempt,
-                **self.extra}
+        return {
+            "turn": self.turn,
+            "kind": self.kind,
+            "similarity": self.similarity,
+            "attempt": self.attempt,
+            **self.extra,
+        }
 
 
 @dataclass
@@ -203,8 +233,12 @@ class SaarRecord:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"active": self.active, "grafts": [g.to_dict() for g in self.grafts], "gave_up": self.gave_up,
-                **self.extra}
+        return {
+            "active": self.active,
+            "grafts": [g.to_dict() for g in self.grafts],
+            "gave_up": self.gave_up,
+            **self.extra,
+        }
 
 
 @dataclass

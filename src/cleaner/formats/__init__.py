@@ -20,10 +20,20 @@ def get_format(name: str) -> HermesFormat | MarkdownFormat:
     try:
         return FORMATS[name]()
     except KeyError:
-        raise ValueError(f"unknown tool-call format {name!r}; choose one of {', '.join(FORMATS)}") from None
+        raise ValueError(
+            f"unknown tool-call format {name!r}; choose one of {', '.join(FORMATS)}"
+        ) from None
 
 
 __all__ = [
-    "DEFAULT_MAX_OBSERVATION_CHARS", "TOOL_NAME", "CallDetector", "ParsedTurn", "HermesFormat",
-    "MarkdownFormat", "FORMATS", "get_format", "observation_text", "truncate_middle",
+    "DEFAULT_MAX_OBSERVATION_CHARS",
+    "TOOL_NAME",
+    "CallDetector",
+    "ParsedTurn",
+    "HermesFormat",
+    "MarkdownFormat",
+    "FORMATS",
+    "get_format",
+    "observation_text",
+    "truncate_middle",
 ]

@@ -72,7 +72,7 @@ def truncate_middle(text: str, max_chars: int) -> str:
         return text
     head = max_chars // 2
     tail = max_chars - head
-    return f"{text[:head]}\n... ({len(text) - max_chars} characters omitted) ...\n{text[len(text) - tail:]}"
+    return f"{text[:head]}\n... ({len(text) - max_chars} characters omitted) ...\n{text[len(text) - tail :]}"
 
 
 def observation_text(obs: Observation, max_chars: int = DEFAULT_MAX_OBSERVATION_CHARS) -> str:
@@ -89,8 +89,9 @@ def observation_text(obs: Observation, max_chars: int = DEFAULT_MAX_OBSERVATION_
     else:
         text = obs.stderr or obs.stdout
         if not text.strip():
-            text = {"timeout": "TimeoutError: execution time limit exceeded",
-                    "killed": f"Killed: {obs.reason or 'resource limit exceeded'}",
-                    "invalid": "InvalidToolCall: the tool call could not be parsed"}.get(
-                obs.status, f"{obs.error_type or 'Error'}")
+            text = {
+                "timeout": "TimeoutError: execution time limit exceeded",
+                "killed": f"Killed: {obs.reason or 'resource limit exceeded'}",
+                "invalid": "InvalidToolCall: the tool call could not be parsed",
+            }.get(obs.status, f"{obs.error_type or 'Error'}")
     return truncate_middle(text, max_chars)

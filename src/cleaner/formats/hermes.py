@@ -61,8 +61,11 @@ class HermesFormat:
         body_start = at + len(OPEN)
         end = text.find(CLOSE, body_start)
         if end < 0:
-            return ParsedTurn(reasoning, code=text[body_start:].strip(),
-                              invalid=f"unterminated tool call: no {CLOSE}")
+            return ParsedTurn(
+                reasoning,
+                code=text[body_start:].strip(),
+                invalid=f"unterminated tool call: no {CLOSE}",
+            )
         body = text[body_start:end].strip()
         code, why = _code_from_call(body)
         if why is not None:
@@ -89,13 +92,17 @@ class HermesFormat:
             {"role": "assistant", "content": _SENTINEL},
             {"role": "tool", "content": text},
         ]
-        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        rendered = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
         if rendered.count(_SENTINEL) != 1:
             raise ValueError("the chat template does not render assistant content verbatim")
-        delta = rendered[rendered.index(_SENTINEL) + len(_SENTINEL):]
+        delta = rendered[rendered.index(_SENTINEL) + len(_SENTINEL) :]
         if turn_ended:
             end_of_turn = tokenizer.eos_token or ""
             if not delta.startswith(end_of_turn):
-                raise ValueError(f"the chat template's assistant turn does not end with {end_of_turn!r}")
-            delta = delta[len(end_of_turn):]
+                raise ValueError(
+                    f"the chat template's assistant turn does not end with {end_of_turn!r}"
+                )
+            delta = delta[len(end_of_turn) :]
         return tokenizer.encode(delta, add_special_tokens=False)

@@ -26,13 +26,19 @@ class MarkdownFormat:
         body_start = at + len(OPEN)
         end = text.find(CLOSE, body_start)
         if end < 0:
-            return ParsedTurn(reasoning, code=text[body_start:].strip("\n"),
-                              invalid="unterminated code block: no closing ```")
-        body = text[body_start:end]
-        if body and not body.startswith("\n"):
-            return ParsedTurn(reasoning, code=body.strip("\n"),
-                              invalid="the code block must start on the line after ```python")
-        return ParsedTurn(reasoning, code=body[1:])
+            return ParsedTurn(
+                reasoning,
+                code=text[body_start:].strip("\n"),
+                invalid="unterminated code block: no closing ```",
+            )
+        info, newline, code = text[body_start:end].partition("\n")
+        if info.strip() not in ("", "3"):  # ```python3 is fine, ```python print(1) is not
+            return ParsedTurn(
+                reasoning,
+                code=(info + newline + code).strip(),
+                invalid="the code block must start on the line after ```python",
+            )
+        return ParsedTurn(reasoning, code=code)
 
     def render(self, reasoning: str, code: str | None) -> str:
         if code is None:
@@ -43,5 +49,7 @@ class MarkdownFormat:
     def observation_ids(self, tokenizer, text: str, *, turn_ended: bool = False) -> list[int]:
         """The result as a fenced output block inside the same assistant message."""
         if turn_ended:
-            raise ValueError("the markdown format continues the assistant turn; it cannot follow its end")
+            raise ValueError(
+                "the markdown format continues the assistant turn; it cannot follow its end"
+            )
         return tokenizer.encode(f"\n```output\n{text}\n```\n", add_special_tokens=False)
