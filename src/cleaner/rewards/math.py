@@ -21,6 +21,7 @@ import atexit
 import json
 import os
 import queue
+import re
 import select
 import subprocess
 import sys
@@ -166,9 +167,10 @@ def shared_verifier() -> MathVerifier:
 
 def _canonical(answer: str) -> str:
     """Spelling-only normalisation for the fast path: equal here means equal, nothing more."""
-    for noise in ("\\left", "\\right", "\\!", "\\,", "\\;", "\\dfrac", "\\tfrac"):
-        answer = answer.replace(noise, "\\frac" if noise in ("\\dfrac", "\\tfrac") else "")
-    return "".join(answer.split())
+    answer = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", answer)
+    answer = re.sub(r"\\(?:left|right)(?![A-Za-z])|\\[!,;]", "", answer)
+    # Spaces between digits are kept: "4 2" is not obviously 42.
+    return "".join(re.sub(r"(?<=\d)\s+(?=\d)", "_", answer).split())
 
 
 def reference_answer(answer: str) -> str:
