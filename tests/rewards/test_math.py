@@ -170,3 +170,15 @@ def test_closed_verifier_refuses_work():
     v.close()
     with pytest.raises(RuntimeError):
         score_math("\\boxed{1}", "0.5", verifier=v)
+
+
+def test_a_dead_worker_is_replaced():
+    with MathVerifier(workers=1, timeout=5.0) as v:
+        assert score_math("\\boxed{0.5}", "\\frac{1}{2}", verifier=v).correct
+        worker = v._idle.get_nowait()
+        worker.proc.kill()  # as the OOM killer would
+        worker.proc.wait()
+        v._idle.put(worker)
+        score = score_math("\\boxed{0.5}", "\\frac{1}{3}", verifier=v)
+        assert not score.correct and score.note == "math-verify worker died"
+        assert score_math("\\boxed{0.5}", "\\frac{1}{2}", verifier=v).correct

@@ -9,6 +9,7 @@ from cleaner.rewards.choice import choice_letter, score_choice
 from cleaner.rewards.files import score_file
 from cleaner.rewards.gym import score_gym
 from cleaner.rewards.math import MathVerifier, score_math, score_math_async, shared_verifier
+from cleaner.rewards.problem import score_problem
 
 __all__ = [
     "MathVerifier",
@@ -21,5 +22,6 @@ __all__ = [
     "score_gym",
     "score_math",
     "score_math_async",
+    "score_problem",
     "shared_verifier",
 ]

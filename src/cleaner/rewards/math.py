@@ -131,6 +131,9 @@ class MathVerifier:
             except (EOFError, OSError, ValueError):
                 worker.kill()
                 return False, "math-verify worker died"
+            except BaseException:  # interrupted mid-request: its reply would answer the next caller
+                worker.kill()
+                raise
             self._idle.put(worker)
         if "error" in reply:
             return False, f"math-verify failed: {reply['error']}"
