@@ -5,6 +5,7 @@ from __future__ import annotations
 from cleaner.formats.base import (
     DEFAULT_MAX_OBSERVATION_CHARS,
     TOOL_NAME,
+    TOOL_SCHEMA,
     CallDetector,
     ParsedTurn,
     observation_text,

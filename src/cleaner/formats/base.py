@@ -7,6 +7,20 @@ from dataclasses import dataclass
 from cleaner.trajectory import Observation
 
 TOOL_NAME = "code_interpreter"
+TOOL_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": TOOL_NAME,
+        "description": "A tool for executing code.",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "The code to execute."}},
+            "required": ["code"],
+        },
+    },
+}
+"""The tool as the chat template shows it to the model (the authors' `rstar_code_judge.yaml`)."""
+
 DEFAULT_MAX_OBSERVATION_CHARS = 256
 """Tool output shown to the model keeps this many characters, head and tail (the reference recipes)."""
 
