@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from cleaner.rewards.answer import MAX_ANSWER_CHARS, Score, clean_answer, last_boxed, verdict
 
@@ -39,7 +40,15 @@ class _Worker:
     """One child process and the read buffer of its reply pipe."""
 
     def __init__(self, memory_mb: int, startup_timeout: float):
-        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        # The child must import this very package, even when the parent found it through sys.path edits.
+        package_root = str(Path(__file__).resolve().parents[2])
+        python_path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
+        env = {
+            **os.environ,
+            "PYTHONPATH": python_path,
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+        }
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cleaner.rewards._math_worker", str(memory_mb)],
             stdin=subprocess.PIPE,
