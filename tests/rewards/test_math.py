@@ -182,3 +182,17 @@ def test_a_dead_worker_is_replaced():
         score = score_math("\\boxed{0.5}", "\\frac{1}{3}", verifier=v)
         assert not score.correct and score.note == "math-verify worker died"
         assert score_math("\\boxed{0.5}", "\\frac{1}{2}", verifier=v).correct
+
+
+def test_a_forked_child_starts_its_own_workers(verifier):
+    import os
+
+    assert score_math("\\boxed{0.5}", "\\frac{1}{2}", verifier=verifier).correct
+    pid = os.fork()
+    if pid == 0:  # the child must not talk to the parent's workers
+        ok = score_math("\\boxed{0.25}", "\\frac{1}{4}", verifier=verifier).correct
+        verifier.close()
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert score_math("\\boxed{3}", "\\sqrt{9}", verifier=verifier).correct

@@ -116,15 +116,22 @@ class MathVerifier:
     ):
         if workers < 1 or timeout <= 0:
             raise ValueError("workers must be >= 1 and timeout > 0")
-        self.timeout, self.memory_mb, self.startup_timeout = timeout, memory_mb, startup_timeout
-        self._slots = threading.BoundedSemaphore(workers)
-        self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        self.workers, self.timeout = workers, timeout
+        self.memory_mb, self.startup_timeout = memory_mb, startup_timeout
         self._closed = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._slots = threading.BoundedSemaphore(self.workers)
+        self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
 
     def equivalent(self, gold: str, predicted: str) -> tuple[bool, str]:
         """(equal, note): note is "" on an answer, else why there is none (timeout, worker error)."""
         if self._closed:
             raise RuntimeError("this MathVerifier is closed")
+        if os.getpid() != self._pid:
+            self._reset()  # a forked child: the workers' pipes belong to the parent
         with self._slots:
             try:
                 worker = self._idle.get_nowait()
@@ -143,7 +150,10 @@ class MathVerifier:
             except BaseException:  # interrupted mid-request: its reply would answer the next caller
                 worker.kill()
                 raise
-            self._idle.put(worker)
+            if self._closed:
+                worker.kill()
+            else:
+                self._idle.put(worker)
         if "error" in reply:
             return False, f"math-verify failed: {reply['error']}"
         return bool(reply["equal"]), ""
