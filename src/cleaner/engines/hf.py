@@ -1,0 +1,479 @@
+"""The transformers backend: batched sampling over all live requests, with per-session prefix reuse.
+
+One scheduler task drives the model; each `generate` coroutine queues a request and awaits its
+result. Every step advances all running requests by one token in a single forward pass over a
+batched KV cache (a transformers `DynamicCache`, one row per request).
+
+Layout of the batched cache. Rows are right-aligned: each step appends the same number of columns to
+every row, a row's new tokens sit at the right end of those columns, and padding goes to their left.
+A boolean `valid` matrix (rows x columns) marks which columns hold real tokens; the attention mask is
+built from it (a query sees the valid columns up to its own), and position ids are passed explicitly
+(a token's position is the number of real tokens before it), so padding anywhere in a row, holes in
+the middle included, changes nothing: the logits are those of a plain forward pass over the row's
+real tokens (tests/engines check this to 1e-5).
+
+Sessions. Between requests a session is parked: its keys and values are kept compact (real columns
+only) together with the token ids they were computed from. A new request keeps the longest common
+prefix of those ids and its context (always leaving at least one token to run, for the logits) and
+prefills the rest. Newly admitted requests are prefilled together in their own forward pass, then
+joined to the running batch; whenever the batch's membership changes (a request joins or finishes)
+the cache is repacked, which also removes all padding. Repacking copies the cache once, as every
+`DynamicCache` step does anyway (it grows by concatenation).
+
+Tested on CPU only; the code is device-agnostic (`device`, `dtype`), but CUDA is untested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from cleaner.engines.base import (
+    DetectorFactory,
+    FinishReason,
+    Generation,
+    SamplingParams,
+)
+from cleaner.formats import CallDetector
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]
+"""Keys and values of one sequence, per layer, each of shape (1, kv_heads, tokens, head_dim)."""
+
+
+class TextStream:
+    """Text deltas of a growing token sequence, decoding only a short window of ids per token.
+
+    A byte-level token can end inside a multi-byte character; the window's text then ends in U+FFFD
+    and nothing is emitted until the following tokens complete the character.
+    """
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self._ids: list[int] = []
+        self._start = 0  # the window is ids[_start:]: it begins where all characters were complete
+        self._emitted = 0  # the text of ids[:_emitted] has been emitted
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        emitted = self._decode(self._start, self._emitted)
+        text = self._decode(self._start, len(self._ids))
+        if len(text) <= len(emitted) or text.endswith("\ufffd"):
+            return ""
+        self._start, self._emitted = self._emitted, len(self._ids)
+        return text[len(emitted) :]
+
+    def flush(self) -> str:
+        """Whatever is held back, incomplete characters included (as U+FFFD)."""
+        emitted = self._decode(self._start, self._emitted)
+        text = self._decode(self._start, len(self._ids))
+        self._start = self._emitted = len(self._ids)
+        return text[len(emitted) :]
+
+    def _decode(self, start: int, end: int) -> str:
+        return self._tokenizer.decode(
+            self._ids[start:end], skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+
+
+@dataclass(eq=False)
+class _Session:
+    name: str
+    tokens: list[int] = field(default_factory=list)  # the ids whose keys and values we hold
+    kv: KV | None = None  # those keys and values while the session is parked (no request running)
+    busy: bool = False
+    closed: bool = False
+    last_used: int = 0
+
+
+@dataclass(eq=False)
+class _Request:
+    session: _Session
+    context: list[int]
+    params: SamplingParams
+    budget: int  # tokens it may generate: max_new_tokens, or less near the context window's end
+    future: asyncio.Future
+    stop_ids: frozenset[int]
+    stream: TextStream
+    detector: CallDetector | None
+    generator: torch.Generator | None
+    past: KV | None = None  # the session's reusable keys and values, until the request is packed
+    feed: list[int] = field(default_factory=list)  # ids to run through the model next
+    cached_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    abandoned: bool = False  # its caller was cancelled
+    kv_out: KV | None = None  # the session's keys and values when the request leaves the batch
+
+    def accept(self, token: int, logprob: float) -> None:
+        self.token_ids.append(token)
+        self.logprobs.append(logprob)
+        self.feed = [token]
+        if token in self.stop_ids:
+            self.finish_reason = "eos"
+            return
+        delta = self.stream.push(token)
+        self.text.append(delta)
+        if delta and self.detector is not None and self.detector.feed(delta) is not None:
+            self.finish_reason = "call"
+        elif len(self.token_ids) >= self.budget:
+            self.finish_reason = "length"
+
+    def generation(self) -> Generation:
+        assert self.finish_reason is not None
+        return Generation(
+            token_ids=self.token_ids,
+            logprobs=self.logprobs,
+            text="".join(self.text) + self.stream.flush(),
+            finish_reason=self.finish_reason,
+            cached_tokens=self.cached_tokens,
+            prefill_tokens=len(self.context) - self.cached_tokens,
+        )
+
+
+class _Batch:
+    """Requests that advance together, one row each in a batched KV cache (see the module notes)."""
+
+    def __init__(self, requests: list[_Request], cache: DynamicCache, valid: torch.Tensor):
+        self.requests = requests
+        self.cache = cache
+        self.valid = valid  # (rows, columns) bool: which cache columns hold real tokens
+
+    @classmethod
+    def pack(cls, requests: list[_Request], kvs: list[KV | None], device) -> _Batch:
+        """A batch whose rows hold `kvs` (None: nothing yet), right-aligned, padding on the left."""
+        lengths = [0 if kv is None else kv[0][0].shape[2] for kv in kvs]
+        width = max(lengths, default=0)
+        valid = torch.zeros(len(requests), width, dtype=torch.bool, device=device)
+        for row, length in enumerate(lengths):
+            valid[row, width - length :] = True
+        if width == 0:
+            return cls(requests, DynamicCache(), valid)
+        layers = []
+        template = next(kv for kv in kvs if kv is not None)
+        for layer, (k0, v0) in enumerate(template):
+            keys = k0.new_zeros(len(requests), k0.shape[1], width, k0.shape[3])
+            values = v0.new_zeros(len(requests), v0.shape[1], width, v0.shape[3])
+            for row, (kv, length) in enumerate(zip(kvs, lengths, strict=True)):
+                if length:
+                    keys[row, :, width - length :] = kv[layer][0][0]
+                    values[row, :, width - length :] = kv[layer][1][0]
+            layers.append((keys, values))
+        return cls(requests, DynamicCache(layers), valid)
+
+    def forward(self, model, cache_kwarg: str) -> torch.Tensor:
+        """Run every row's `feed` through the model; the next-token logits of each row, (rows, vocab)."""
+        feeds = [r.feed for r in self.requests]
+        device = self.valid.device
+        n = max(len(f) for f in feeds)
+        ids = torch.tensor([[0] * (n - len(f)) + f for f in feeds], device=device)
+        lengths = torch.tensor([len(f) for f in feeds], device=device)
+        starts = torch.tensor([len(r.session.tokens) for r in self.requests], device=device)
+        offset = torch.arange(n, device=device) - (n - lengths)[:, None]  # < 0 on padding
+        positions = (starts[:, None] + offset).clamp(min=0)
+
+        past = self.valid.shape[1]
+        self.valid = torch.cat([self.valid, offset >= 0], dim=1)
+        query_cols = past + torch.arange(n, device=device)[:, None]
+        key_cols = torch.arange(past + n, device=device)[None, :]
+        # Each query sees the valid columns up to its own, and always its own column, so that a
+        # padding query is never fully masked (a fully masked softmax row gives NaN).
+        visible = (self.valid[:, None, :] & (key_cols <= query_cols)) | (key_cols == query_cols)
+        dtype = model.dtype
+        mask = torch.zeros(visible.shape, dtype=dtype, device=device)
+        mask = mask.masked_fill(~visible, torch.finfo(dtype).min)[:, None]
+
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{cache_kwarg: self.cache},
+        )
+        for r in self.requests:
+            r.session.tokens.extend(r.feed)
+        return out.logits[:, -1].float()
+
+    def extract(self, row: int) -> KV | None:
+        """The row's keys and values, real columns only (a copy)."""
+        columns = self.valid[row].nonzero().squeeze(1)
+        assert len(columns) == len(self.requests[row].session.tokens)
+        if len(columns) == 0:
+            return None
+        return [
+            (layer.keys[row : row + 1, :, columns], layer.values[row : row + 1, :, columns])
+            for layer in self.cache.layers
+        ]
+
+
+def _common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _truncate(logprobs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Set to -inf what top-k, then top-p over the renormalized top-k, leave out (per row)."""
+    vocab = logprobs.shape[-1]
+    ordered, order = logprobs.sort(dim=-1, descending=True)
+    rank = torch.arange(vocab, device=logprobs.device)
+    drop = rank >= torch.where(top_k > 0, top_k, vocab)[:, None]
+    probs = ordered.masked_fill(drop, -torch.inf).softmax(dim=-1)
+    # keep the smallest prefix whose mass reaches top_p (the token that crosses it included)
+    drop |= (top_p[:, None] < 1) & (probs.cumsum(dim=-1) - probs >= top_p[:, None])
+    return torch.full_like(logprobs, -torch.inf).scatter(
+        -1, order, ordered.masked_fill(drop, -torch.inf)
+    )
+
+
+class HFEngine:
+    """Generation on a transformers causal LM (see the module notes for the design).
+
+    `max_batch_size` caps the requests in one forward pass; more wait their turn. Parked sessions
+    keep their keys and values for prefix reuse until `close`; `max_parked_tokens` bounds the total,
+    dropping the least recently used sessions' caches (they are recomputed if they come back).
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        max_batch_size: int = 32,
+        max_parked_tokens: int | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+    ):
+        config = model.config
+        if config._attn_implementation not in ("sdpa", "eager"):
+            raise ValueError(
+                f"HFEngine needs attn_implementation 'sdpa' or 'eager' (it passes its own 4-D "
+                f"attention mask); the model uses {config._attn_implementation!r}"
+            )
+        if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
+            raise ValueError("HFEngine supports full-attention layers only (no sliding windows)")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.max_batch_size = max_batch_size
+        self.max_parked_tokens = max_parked_tokens
+        self.max_context = getattr(config, "max_position_embeddings", None)
+        self.stop_ids = frozenset(
+            eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer)
+        )
+        parameters = inspect.signature(model.forward).parameters
+        self._cache_kwarg = (
+            "cache" if "cache" in parameters else "past_key_values"
+        )  # 5.x renamed it
+
+        self._sessions: dict[str, _Session] = {}
+        self._waiting: deque[_Request] = deque()
+        self._running = _Batch.pack([], [], self.device)
+        self._scheduler: asyncio.Task | None = None
+        self._clock = itertools.count()
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str, *, device: str = "cpu", dtype="auto", **options
+    ) -> HFEngine:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        return cls(model.to(device), tokenizer, **options)
+
+    async def generate(
+        self,
+        session: str,
+        context_ids: Sequence[int],
+        params: SamplingParams,
+        detector_factory: DetectorFactory | None = None,
+    ) -> Generation:
+        """See `Engine.generate`."""
+        context = list(context_ids)
+        if not context:
+            raise ValueError("the context must hold at least one token")
+        budget = params.max_new_tokens
+        if self.max_context is not None:
+            budget = min(budget, self.max_context - len(context))
+            if budget < 1:
+                raise ValueError(
+                    f"a context of {len(context)} tokens leaves no room in the model's window "
+                    f"of {self.max_context}"
+                )
+        state = self._sessions.setdefault(session, _Session(session))
+        if state.busy:
+            raise RuntimeError(f"session {session!r} already has a generation in flight")
+        generator = None
+        if params.seed is not None and not params.greedy:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(params.seed)
+        request = _Request(
+            session=state,
+            context=context,
+            params=params,
+            budget=budget,
+            future=asyncio.get_running_loop().create_future(),
+            stop_ids=self.stop_ids,
+            stream=TextStream(self.tokenizer),
+            detector=detector_factory() if detector_factory is not None else None,
+            generator=generator,
+        )
+        state.busy = True
+        self._waiting.append(request)
+        if self._scheduler is None:
+            self._scheduler = asyncio.create_task(self._schedule())
+        return await request.future
+
+    async def close(self, session: str) -> None:
+        """See `Engine.close`. A generation still in flight finishes, but its cache is not kept."""
+        state = self._sessions.pop(session, None)
+        if state is not None:
+            state.closed = True
+            state.kv, state.tokens = None, []
+
+    # --- the scheduler -------------------------------------------------------------------------------
+
+    async def _schedule(self) -> None:
+        try:
+            while self._waiting or self._running.requests:
+                admitted = self._admit()
+                running = self._running.requests
+                for r in running:
+                    r.abandoned = r.future.cancelled()
+                try:
+                    # The forward passes run off the event loop, so tools and other coroutines
+                    # proceed meanwhile; only this task touches the batch.
+                    done = await asyncio.to_thread(self._step, admitted)
+                except Exception as error:
+                    self._fail(running + admitted, error)
+                    continue
+                for r in done:
+                    self._finish(r)
+        finally:
+            self._scheduler = None
+
+    def _admit(self) -> list[_Request]:
+        """Take waiting requests while there is room; roll each session back to its reusable prefix."""
+        admitted = []
+        room = self.max_batch_size - len(self._running.requests)
+        while self._waiting and len(admitted) < room:
+            r = self._waiting.popleft()
+            state = r.session
+            if r.future.cancelled():
+                state.busy = False
+                continue
+            keep = min(_common_prefix_length(state.tokens, r.context), len(r.context) - 1)
+            if keep and state.kv is not None:
+                r.past = [(k[:, :, :keep], v[:, :, :keep]) for k, v in state.kv]
+            else:
+                keep = 0
+            state.kv, state.tokens = None, r.context[:keep]
+            state.last_used = next(self._clock)
+            r.feed, r.cached_tokens = r.context[keep:], keep
+            admitted.append(r)
+        return admitted
+
+    def _step(self, admitted: list[_Request]) -> list[_Request]:
+        """Prefill the admitted requests, advance the running ones by a token, repack if needed.
+
+        Returns the requests that left the batch, each with its session's keys and values in `kv_out`.
+        """
+        with torch.inference_mode():
+            running = self._running
+            fresh = _Batch.pack(admitted, [r.past for r in admitted], self.device)
+            for r in admitted:
+                r.past = None
+            for batch in (fresh, running):
+                if batch.requests:
+                    self._sample(batch.requests, batch.forward(self.model, self._cache_kwarg))
+
+            done = [r for r in running.requests + admitted if r.finish_reason or r.abandoned]
+            if not (admitted or done):
+                return []
+            live: list[_Request] = []
+            kvs: list[KV | None] = []
+            for batch in (running, fresh):
+                for row, r in enumerate(batch.requests):
+                    if r in done:
+                        r.kv_out = batch.extract(row)
+                    else:
+                        live.append(r)
+                        kvs.append(batch.extract(row))
+            self._running = _Batch.pack(live, kvs, self.device)
+            return done
+
+    def _sample(self, requests: list[_Request], logits: torch.Tensor) -> None:
+        """Sample a token per row; record it with its log-prob under logits / temperature."""
+        params = [r.params for r in requests]
+        temperature = torch.tensor([p.temperature or 1.0 for p in params], device=logits.device)
+        logprobs = torch.log_softmax(logits / temperature[:, None], dim=-1)
+        candidates = logprobs
+        if any(p.top_k or p.top_p < 1 for p in params):
+            top_k = torch.tensor([p.top_k for p in params], device=logits.device)
+            top_p = torch.tensor([p.top_p for p in params], device=logits.device)
+            candidates = _truncate(logprobs, top_k, top_p)
+        tokens = logits.argmax(dim=-1)
+        for row, r in enumerate(requests):
+            if not r.params.greedy:
+                probs = candidates[row].exp()
+                tokens[row] = torch.multinomial(probs, 1, generator=r.generator)[0]
+        chosen = logprobs.gather(1, tokens[:, None])[:, 0]
+        for r, token, logprob in zip(requests, tokens.tolist(), chosen.tolist(), strict=True):
+            r.accept(token, logprob)
+
+    def _finish(self, r: _Request) -> None:
+        """Park the request's session (on the event loop) and hand the caller its result."""
+        state = r.session
+        state.busy = False
+        if not state.closed:
+            state.kv, r.kv_out = r.kv_out, None
+            state.last_used = next(self._clock)
+            self._evict()
+        if not r.future.done():
+            r.future.set_result(r.generation())
+
+    def _evict(self) -> None:
+        if self.max_parked_tokens is None:
+            return
+        parked = sorted(
+            (s for s in self._sessions.values() if s.kv is not None), key=lambda s: s.last_used
+        )
+        total = sum(len(s.tokens) for s in parked)
+        for state in parked:
+            if total <= self.max_parked_tokens:
+                break
+            total -= len(state.tokens)
+            state.kv, state.tokens = None, []
+
+    def _fail(self, requests: list[_Request], error: Exception) -> None:
+        """A forward pass failed: fail its requests and start over with an empty batch."""
+        self._running = _Batch.pack([], [], self.device)
+        for r in requests:
+            r.session.busy = False
+            r.session.kv, r.session.tokens = None, []
+            if not r.future.done():
+                r.future.set_exception(error)
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(configured)
+    return ids
