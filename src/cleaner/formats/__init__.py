@@ -29,6 +29,7 @@ def get_format(name: str) -> HermesFormat | MarkdownFormat:
 __all__ = [
     "DEFAULT_MAX_OBSERVATION_CHARS",
     "TOOL_NAME",
+    "TOOL_SCHEMA",
     "CallDetector",
     "ParsedTurn",
     "HermesFormat",

@@ -47,7 +47,7 @@ def _code_from_call(body: str) -> tuple[str | None, str | None]:
 
 class HermesFormat:
     name = "hermes"
-    stop = (CLOSE,)
+    opener, closer = OPEN, CLOSE
 
     def detector(self) -> CallDetector:
         return CallDetector(OPEN, CLOSE)

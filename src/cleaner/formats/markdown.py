@@ -13,7 +13,7 @@ OPEN, CLOSE = "```python", "\n```"
 
 class MarkdownFormat:
     name = "markdown"
-    stop = (CLOSE,)
+    opener, closer = OPEN, CLOSE
 
     def detector(self) -> CallDetector:
         return CallDetector(OPEN, CLOSE)
