@@ -8,7 +8,13 @@ from cleaner.rewards.answer import Score, clean_answer, last_boxed
 from cleaner.rewards.choice import choice_letter, score_choice
 from cleaner.rewards.files import score_file
 from cleaner.rewards.gym import score_gym
-from cleaner.rewards.math import MathVerifier, score_math, score_math_async, shared_verifier
+from cleaner.rewards.math import (
+    MathVerifier,
+    close_shared_verifier,
+    score_math,
+    score_math_async,
+    shared_verifier,
+)
 from cleaner.rewards.problem import score_problem
 
 __all__ = [
@@ -16,6 +22,7 @@ __all__ = [
     "Score",
     "choice_letter",
     "clean_answer",
+    "close_shared_verifier",
     "last_boxed",
     "score_choice",
     "score_file",

@@ -187,6 +187,15 @@ def shared_verifier() -> MathVerifier:
         return _shared
 
 
+def close_shared_verifier() -> None:
+    """Stop the shared pool's workers now (the next `score_math` starts a fresh pool)."""
+    global _shared
+    with _shared_lock:
+        if _shared is not None:
+            _shared.close()
+            _shared = None
+
+
 def _canonical(answer: str) -> str:
     """Spelling-only normalisation for the fast path: equal here means equal, nothing more."""
     answer = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", answer)
