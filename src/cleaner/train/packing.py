@@ -1,0 +1,140 @@
+"""Trajectories as training tensors: padding-free packed micro-batches, and the log-probs of a batch.
+
+Packing puts several trajectories end to end in one row and restarts `position_ids` at each one;
+transformers then builds a block-diagonal causal mask (no attention across trajectories), so no
+compute is spent on padding. `pad` builds the usual padded batches, the baseline of
+`benchmarks/train.py` and a fallback for models whose attention cannot take packed rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from cleaner.tokens import TokenTrajectory
+from cleaner.train.grpo import entropy, token_logprobs
+
+
+@dataclass
+class TrainSequence:
+    """One trajectory as the loss sees it; every list has one entry per token."""
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    """1 on tokens the model sampled (or SAAR grafted in), 0 on prompt, template and tool tokens."""
+    graft_mask: list[int]
+    """1 on tokens SAAR grafted in (origin shallow or deep): sampled with the error in view."""
+    behavior_logprobs: list[float]
+    """The log-probs tokens were sampled with (0 where there are none)."""
+    advantage: float
+
+    @classmethod
+    def from_trajectory(cls, t: TokenTrajectory, advantage: float) -> TrainSequence:
+        return cls(
+            token_ids=t.token_ids,
+            loss_mask=t.loss_mask,
+            graft_mask=[int(o in ("shallow", "deep")) for o in t.origins],
+            behavior_logprobs=[0.0 if lp is None else lp for lp in t.sampling_logprobs],
+            advantage=advantage,
+        )
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class MicroBatch:
+    """[rows, time] tensors. Position t holds input token t and the target token t + 1, with the
+    target's masks, behaviour log-prob and advantage; `position_ids` restart at each packed sequence."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor | None
+    targets: torch.Tensor
+    loss_mask: torch.Tensor
+    graft_mask: torch.Tensor
+    behavior_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    sequences: int
+
+    @property
+    def tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        return MicroBatch(**moved)
+
+
+def _row(seqs: list[TrainSequence], length: int | None = None) -> dict[str, list]:
+    """Concatenate sequences into one row of inputs and shifted targets; pad to `length` if given."""
+    row: dict[str, list] = {k: [] for k in ("input_ids", "position_ids", "targets", "loss_mask", "graft_mask",
+                                            "behavior_logprobs", "advantages", "attention_mask")}
+    for s in seqs:
+        n = len(s)
+        row["input_ids"] += s.token_ids
+        row["position_ids"] += list(range(n))
+        row["targets"] += s.token_ids[1:] + [0]
+        row["loss_mask"] += s.loss_mask[1:] + [0]  # the last token predicts nothing of this sequence
+        row["graft_mask"] += s.graft_mask[1:] + [0]
+        row["behavior_logprobs"] += s.behavior_logprobs[1:] + [0.0]
+        row["advantages"] += [s.advantage] * n
+        row["attention_mask"] += [1] * n
+    if length is not None:
+        pad = length - len(row["input_ids"])
+        for key in row:
+            row[key] += [0.0 if key in ("behavior_logprobs", "advantages") else 0] * pad
+        row["position_ids"][len(row["position_ids"]) - pad:] = list(range(pad))
+    return row
+
+
+def _tensors(rows: list[dict[str, list]], sequences: int, with_attention_mask: bool) -> MicroBatch:
+    def stack(key, dtype):
+        return torch.tensor([r[key] for r in rows], dtype=dtype)
+
+    return MicroBatch(
+        input_ids=stack("input_ids", torch.long),
+        position_ids=stack("position_ids", torch.long),
+        attention_mask=stack("attention_mask", torch.long) if with_attention_mask else None,
+        targets=stack("targets", torch.long),
+        loss_mask=stack("loss_mask", torch.float32),
+        graft_mask=stack("graft_mask", torch.float32),
+        behavior_logprobs=stack("behavior_logprobs", torch.float32),
+        advantages=stack("advantages", torch.float32),
+        sequences=sequences,
+    )
+
+
+def pack(seqs: list[TrainSequence], max_tokens: int) -> list[MicroBatch]:
+    """Pack sequences, in order, into rows of at most `max_tokens` (a longer sequence gets a row of
+    its own). Order is kept so that the result does not depend on anything but the input."""
+    out, current, used = [], [], 0
+    for s in seqs:
+        if current and used + len(s) > max_tokens:
+            out.append(_tensors([_row(current)], len(current), with_attention_mask=False))
+            current, used = [], 0
+        current.append(s)
+        used += len(s)
+    if current:
+        out.append(_tensors([_row(current)], len(current), with_attention_mask=False))
+    return out
+
+
+def pad(seqs: list[TrainSequence], batch_size: int) -> list[MicroBatch]:
+    """Padded micro-batches of `batch_size` sequences each (right padding, attention mask)."""
+    out = []
+    for i in range(0, len(seqs), batch_size):
+        chunk = seqs[i:i + batch_size]
+        length = max(len(s) for s in chunk)
+        out.append(_tensors([_row([s], length) for s in chunk], len(chunk), with_attention_mask=True))
+    return out
+
+
+def forward_logprobs(model, mb: MicroBatch, temperature: float = 1.0,
+                     with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of every target token under the model (and per-token entropy if asked)."""
+    logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mb.attention_mask,
+                   use_cache=False).logits
+    logprobs = token_logprobs(logits, mb.targets, temperature)
+    return logprobs, (entropy(logits, temperature) if with_entropy else None)
