@@ -22,6 +22,7 @@ removes the call's scratch files.
 import ast
 import builtins
 import ctypes
+import gc
 import json
 import linecache
 import os
@@ -40,6 +41,8 @@ CELL = "<cell>"
 HEADER = struct.Struct("!I")
 MAX_FDS = 4
 MAX_MESSAGE = 16384
+CHANNEL_LOST = 75
+"""Exit code of an interpreter whose reply channel model code closed."""
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -144,8 +147,12 @@ def run_cell(code, out_fd, err_fd, namespace, limits, print_last_expr):
     os.close(out_fd)
     os.close(err_fd)
     # Fresh stream objects every cell: a previous cell may have replaced or closed sys.stdout.
-    sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
-    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
+    sys.stdout = open(
+        1, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1
+    )
+    sys.stderr = open(
+        2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1
+    )
     sys.stdin = open(os.devnull)
     linecache.cache[CELL] = (len(code), None, code.splitlines(True), CELL)
     outcome = {"error_type": None, "message": None, "line": None, "exit_code": None}
@@ -187,10 +194,19 @@ def serve_interpreter(sock, namespace):
         op = request["op"]
         if op == "run":
             out_fd, err_fd = fds
-            outcome = run_cell(request["code"], out_fd, err_fd, namespace, request["limits"], request["print_last_expr"])
+            outcome = run_cell(
+                request["code"],
+                out_fd,
+                err_fd,
+                namespace,
+                request["limits"],
+                request["print_last_expr"],
+            )
             try:
-                send_frame(sock, outcome)
+                send_frame(sock, dict(outcome, nonce=request["nonce"]))
             except OSError:
+                os._exit(CHANNEL_LOST)
+            if request["exit_after"]:
                 os._exit(0)
         elif op == "fork":
             (new_sock_fd,) = fds
@@ -224,16 +240,12 @@ class Zygote:
         self.scratch_root = config["scratch_root"]
         self.uid = config.get("uid")  # fallback mode only: drop to this uid in interpreters
         self.orphans = {}  # pid -> wait status of reaped processes (interpreters that died on their own)
+        self.spare = None  # a fresh interpreter forked ahead of time, off the latency path
 
     # ---- processes
 
     def registered_pids(self):
-        pids = set()
-        for session in self.sessions.values():
-            if session["live"]:
-                pids.add(session["live"].pid)
-            pids.update(i.pid for i in session["snapshots"].values())
-        return pids
+        return {interp.pid for interp in self.interpreters()}
 
     def sweep(self, extra_keep=()):
         """Kill every descendant that is not a registered interpreter; reap everything that exited."""
@@ -249,6 +261,24 @@ class Zygote:
                     pass
             self.reap()
         self.reap()
+
+    def clean_files(self):
+        """Remove files no interpreter owns: the scratch of finished calls, and anything written to
+        /tmp or /dev/shm (in namespace mode both are the worker's own tmpfs)."""
+        keep = {interp.scratch for interp in self.interpreters()}
+        for path in listdir_paths(self.scratch_root):
+            if path not in keep:
+                remove(path)
+        if self.config.get("private_tmp"):
+            for path in listdir_paths("/tmp") + listdir_paths("/dev/shm"):
+                if path != self.scratch_root:
+                    remove(path)
+
+    def interpreters(self):
+        found = [self.spare] if self.spare else []
+        for session in self.sessions.values():
+            found += [session["live"], *session["snapshots"].values()]
+        return [i for i in found if i is not None]
 
     def reap(self):
         while True:
@@ -267,6 +297,15 @@ class Zygote:
         if self.uid is not None:
             os.chown(path, self.uid, self.uid)
         return path
+
+    def fresh_interpreter(self):
+        """The spare interpreter if there is one (and model code did not kill it), else a new fork."""
+        interp, self.spare = self.spare, None
+        if interp and is_running(interp.pid):
+            return interp
+        if interp:
+            self.kill(interp)
+        return self.spawn()
 
     def spawn(self):
         """Fork a fresh interpreter from the warm zygote."""
@@ -304,32 +343,45 @@ class Zygote:
         ours.settimeout(None)
         return Interpreter(reply["pid"], ours, parent.scratch)
 
-    def kill(self, interp, remove_scratch):
-        for target in (lambda: os.killpg(interp.pid, signal.SIGKILL), lambda: os.kill(interp.pid, signal.SIGKILL)):
+    def kill(self, interp):
+        """Kill an interpreter and its process group (its files go in the next `clean_files`)."""
+        for target in (
+            lambda: os.killpg(interp.pid, signal.SIGKILL),
+            lambda: os.kill(interp.pid, signal.SIGKILL),
+        ):
             try:
                 target()
             except (ProcessLookupError, PermissionError):
                 pass
         interp.sock.close()
-        if remove_scratch:
-            shutil.rmtree(interp.scratch, ignore_errors=True)
 
     # ---- one cell
 
     def execute(self, interp, request):
-        """Run a cell in `interp`, reading its output while it runs; decide the status here, outside it."""
+        """Run a cell in `interp`, reading its output while it runs; decide the status here, outside it.
+
+        A stateless call is complete when its process has exited (model code cannot fake that); a
+        session's cell when a reply carrying this cell's nonce arrives (stray writes to the socket by
+        model code are ignored). A timeout, a death or an output flood is decided here either way.
+        """
+        stateless = request.get("session") is None
+        nonce = os.urandom(8).hex()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         limits = dict(request["limits"], nproc=self.nproc_limit(request["limits"]))
         start = time.monotonic()
+        run = {
+            "op": "run",
+            "code": request["code"],
+            "limits": limits,
+            "print_last_expr": request["print_last_expr"],
+            "nonce": nonce,
+            "exit_after": stateless,
+        }
         try:
-            send_frame(
-                interp.sock,
-                {"op": "run", "code": request["code"], "limits": limits, "print_last_expr": request["print_last_expr"]},
-                [out_w, err_w],
-            )
+            send_frame(interp.sock, run, [out_w, err_w])
         except OSError:
-            pass  # it died already; the read below sees it
+            pass  # it died already; the pidfd below says so
         os.close(out_w)
         os.close(err_w)
         cap = request["max_output_bytes"]
@@ -337,42 +389,55 @@ class Zygote:
         deadline = start + timeout
         captured = {out_r: bytearray(), err_r: bytearray()}
         truncated = {out_r: False, err_r: False}
+        replies = ReplyReader(interp.sock, nonce)
         selector = selectors.DefaultSelector()
         for fd in (out_r, err_r):
             os.set_blocking(fd, False)
             selector.register(fd, selectors.EVENT_READ)
         selector.register(interp.sock, selectors.EVENT_READ)
-        outcome = None
-        verdict = None  # (status, reason) decided by the zygote
-        while outcome is None and verdict is None:
+        try:
+            pidfd = os.pidfd_open(interp.pid)
+            selector.register(pidfd, selectors.EVENT_READ)
+        except ProcessLookupError:
+            pidfd = None
+        exited = pidfd is None
+        verdict = None  # (status, reason) decided here, when not a normal completion
+        while verdict is None:
+            if replies.outcome is not None and (exited or not stateless):
+                break
+            if exited:
+                replies.read(selector)  # a reply sent just before exiting
+                if replies.outcome is None:
+                    verdict = ("exited", None)
+                break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 verdict = ("timeout", f"exceeded {timeout:g} s")
                 break
             for key, _ in selector.select(remaining):
-                if key.fileobj is interp.sock:
-                    try:
-                        outcome, _ = recv_frame(interp.sock)
-                    except (EOFError, OSError, ValueError):
-                        verdict = ("died", None)
-                    break
-                if not read_capped(key.fd, captured, truncated, cap, selector):
+                if key.fd == pidfd:
+                    exited = True
+                elif key.fileobj is interp.sock:
+                    replies.read(selector)
+                elif not read_capped(key.fd, captured, truncated, cap, selector):
                     verdict = ("killed", "output limit")
                     break
         duration = time.monotonic() - start
-        if verdict is None or verdict[0] == "died":
+        if verdict is None or verdict[0] == "exited":
             # Whatever is already in the pipes belongs to this cell.
             for fd in (out_r, err_r):
-                if not truncated[fd] and not read_capped(fd, captured, truncated, cap, None, drain=True):
+                if not truncated[fd] and not read_capped(
+                    fd, captured, truncated, cap, None, drain=True
+                ):
                     verdict = ("killed", "output limit")
         selector.close()
-        os.close(out_r)
-        os.close(err_r)
-        stdout = captured[out_r].decode("utf-8", "replace")
-        stderr = captured[err_r].decode("utf-8", "replace")
+        for fd in (out_r, err_r, pidfd):
+            if fd is not None:
+                os.close(fd)
+        interp.sock.setblocking(True)
         result = {
-            "stdout": stdout,
-            "stderr": stderr,
+            "stdout": captured[out_r].decode("utf-8", "replace"),
+            "stderr": captured[err_r].decode("utf-8", "replace"),
             "stdout_truncated": truncated[out_r],
             "stderr_truncated": truncated[err_r],
             "duration_s": round(duration, 6),
@@ -381,25 +446,36 @@ class Zygote:
             "reason": None,
             "exit_code": None,
         }
-        alive = verdict is None
+        alive = verdict is None and not exited
         if verdict is None:
+            outcome = replies.outcome
             result["status"] = "error" if outcome.get("error_type") else "ok"
             if outcome.get("error_type") == "MemoryError":
                 result.update(status="killed", reason="memory")
             result.update(
-                error_type=outcome.get("error_type"), line=outcome.get("line"), exit_code=outcome.get("exit_code")
+                error_type=outcome.get("error_type"),
+                line=outcome.get("line"),
+                exit_code=outcome.get("exit_code"),
             )
             if outcome.get("message"):
                 result["stderr"] += outcome["message"]
-        elif verdict[0] == "died":
+        elif verdict[0] == "exited":
             status = self.wait_status(interp.pid)
             if status is not None and os.WIFEXITED(status):
                 code = os.WEXITSTATUS(status)
                 result.update(status="ok" if code == 0 else "error", exit_code=code)
-                if code != 0:
+                if code == CHANNEL_LOST:
+                    result.update(
+                        error_type="SystemExit", reason="model code closed the result channel"
+                    )
+                elif code != 0:
                     result.update(error_type="SystemExit", reason=f"exited with code {code}")
             else:
-                sig = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else signal.SIGKILL
+                sig = (
+                    os.WTERMSIG(status)
+                    if status is not None and os.WIFSIGNALED(status)
+                    else signal.SIGKILL
+                )
                 result.update(status="killed", reason=signal_reason(sig))
         else:
             result["status"], result["reason"] = verdict
@@ -429,7 +505,9 @@ class Zygote:
         """RLIMIT_NPROC counts every task of the uid: allow max_processes on top of what exists now."""
         if not limits.get("max_processes"):
             return None
-        return count_tasks(self.uid if self.uid is not None else os.getuid()) + limits["max_processes"]
+        return (
+            count_tasks(self.uid if self.uid is not None else os.getuid()) + limits["max_processes"]
+        )
 
     # ---- requests
 
@@ -440,7 +518,7 @@ class Zygote:
         if op == "snapshot":
             session = self.session(request["session"])
             if session["live"] is None:
-                session["live"] = self.spawn()
+                session["live"] = self.fresh_interpreter()
             token = self.next_token
             self.next_token += 1
             session["snapshots"][token] = self.fork_interpreter(session["live"])
@@ -452,24 +530,21 @@ class Zygote:
                 return {"error": "unknown snapshot"}
             new_live = self.fork_interpreter(snapshot)
             if session["live"]:
-                self.kill(session["live"], remove_scratch=False)
+                self.kill(session["live"])
             session["live"] = new_live
             return {}
         if op == "release":
             session = self.sessions.get(request["session"])
             snapshot = session and session["snapshots"].pop(request["token"], None)
             if snapshot:
-                self.kill(snapshot, remove_scratch=False)
+                self.kill(snapshot)
             return {}
         if op == "close":
             session = self.sessions.pop(request["session"], None)
             if session:
-                interps = [session["live"], *session["snapshots"].values()]
-                for interp in filter(None, interps):
-                    self.kill(interp, remove_scratch=False)
-                scratch = {i.scratch for i in filter(None, interps)}
-                for path in scratch:
-                    shutil.rmtree(path, ignore_errors=True)
+                for interp in [session["live"], *session["snapshots"].values()]:
+                    if interp:
+                        self.kill(interp)
             return {}
         if op == "ping":
             return {"pids": len(descendants(os.getpid()))}
@@ -481,25 +556,33 @@ class Zygote:
     def op_run(self, request):
         sid = request.get("session")
         if sid is None:
-            interp = self.spawn()
+            interp = self.fresh_interpreter()
             result, _ = self.execute(interp, request)
-            self.kill(interp, remove_scratch=True)
+            self.kill(interp)
             return result
         session = self.session(sid)
+        had_state = session["live"] is not None
+        if had_state and not is_running(session["live"].pid):
+            # Killed between cells (by model code of a call that shared this worker): start over.
+            self.kill(session["live"])
+            session["live"] = None
         fresh = session["live"] is None
         if fresh:
-            session["live"] = self.spawn()
+            session["live"] = self.fresh_interpreter()
         result, alive = self.execute(session["live"], request)
         result["session_started"] = fresh
+        result["state_lost"] = had_state and fresh
         if not alive:
             # The interpreter is gone (timeout, kill, exit): the next cell starts from a fresh one.
-            self.kill(session["live"], remove_scratch=False)
+            self.kill(session["live"])
             session["live"] = None
             result["state_lost"] = True
         return result
 
     def serve(self):
-        send_frame(self.host, {"ready": True, "pid": os.getpid(), "preloaded": self.config["preloaded"]})
+        send_frame(
+            self.host, {"ready": True, "pid": os.getpid(), "preloaded": self.config["preloaded"]}
+        )
         while True:
             try:
                 request, _ = recv_frame(self.host)
@@ -509,9 +592,12 @@ class Zygote:
                 reply = self.handle(request)
             except Exception as e:  # noqa: BLE001 - a harness bug must reach the host, not hang it
                 reply = {"error": f"{type(e).__name__}: {e}"}
-            self.sweep()
-            clean_shared_memory()
             send_frame(self.host, reply)
+            # Clean up and prepare the next interpreter while the host reads the reply.
+            self.sweep()
+            self.clean_files()
+            if self.spare is None:
+                self.spare = self.spawn()
 
 
 def descendants(root):
@@ -547,19 +633,73 @@ def count_tasks(uid):
     return total
 
 
-def clean_shared_memory():
+def is_running(pid):
+    """True unless the process is gone or a zombie (reading its stat works for any process we see)."""
     try:
-        for name in os.listdir("/dev/shm"):
-            path = os.path.join("/dev/shm", name)
-            if os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
     except OSError:
-        pass
+        return False
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"Z", b"X")
+
+
+def listdir_paths(directory):
+    try:
+        return [os.path.join(directory, name) for name in os.listdir(directory)]
+    except OSError:
+        return []
+
+
+def remove(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+class ReplyReader:
+    """Collects an interpreter's replies without ever blocking on it; keeps the one with our nonce."""
+
+    def __init__(self, sock, nonce):
+        self.sock, self.nonce = sock, nonce
+        self.buffer = b""
+        self.outcome = None
+        sock.setblocking(False)
+
+    def read(self, selector):
+        while True:
+            try:
+                chunk = self.sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                try:
+                    selector.unregister(self.sock)
+                except (KeyError, ValueError):
+                    pass
+                break
+            self.buffer += chunk
+            if len(self.buffer) > (4 << 20):
+                self.buffer = b""  # garbage from model code; a real reply is far smaller
+        while len(self.buffer) >= HEADER.size:
+            (size,) = HEADER.unpack_from(self.buffer)
+            if len(self.buffer) < HEADER.size + size:
+                break
+            body, self.buffer = (
+                self.buffer[HEADER.size : HEADER.size + size],
+                self.buffer[HEADER.size + size :],
+            )
+            try:
+                reply = json.loads(body)
+            except ValueError:
+                continue
+            if isinstance(reply, dict) and reply.get("nonce") == self.nonce:
+                self.outcome = reply
 
 
 def read_capped(fd, captured, truncated, cap, selector, drain=False):
@@ -610,6 +750,8 @@ def main():
         except Exception:  # noqa: BLE001 - a missing optional module is not fatal
             pass
     config["preloaded"] = preloaded
+    # Keep the preloaded objects out of the collector: forks then share their pages instead of copying.
+    gc.freeze()
     os.makedirs(config["scratch_root"], exist_ok=True)
     Zygote(socket.socket(fileno=host_fd), config).serve()
 

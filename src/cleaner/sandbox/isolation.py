@@ -1,10 +1,13 @@
 """How a worker is confined: the bubblewrap command line, a pids cgroup, or the rlimits-only fallback.
 
 Namespace mode (`namespaces`): each worker is `bwrap` with new user, pid, network, mount, IPC, UTS and
-cgroup namespaces; the zygote is pid 1 of its pid namespace (signals from model code cannot reach it,
+cgroup namespaces, started as an unprivileged host uid (never as root: a sandbox uid that maps to host
+root passes root's file-permission checks, on /proc/sys and /proc/sysrq-trigger for instance); the zygote is pid 1 of its pid namespace (signals from model code cannot reach it,
 and every process dies with it); uid 65534 inside; a read-only root that holds only /usr, the Python
 installation and an empty /etc; a size-bounded tmpfs for scratch files and /dev/shm; no network at all
-(loopback is a fresh, empty one); a cleared environment. When cgroup v1 `pids` is writable (root), each
+(loopback is a fresh, empty one); a cleared environment; /proc/sys read-only. When the host is root and
+the Python installation is not reachable by other users (pyenv under /root), the launcher first
+bind-mounts it into a private mount namespace where the unprivileged uid can reach it. When cgroup v1 `pids` is writable (root), each
 worker also gets its own `pids.max`, because RLIMIT_NPROC does not apply to processes that map to root.
 
 Fallback (`rlimits`): no namespace tool works. The zygote runs as a plain process (its own session,
@@ -17,6 +20,7 @@ says so once, and every result reports the level.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import logging
 import os
@@ -25,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -59,18 +63,97 @@ class IsolationUnavailable(RuntimeError):
     """Namespaces were required (`isolation="namespaces"`) but do not work here."""
 
 
+CLONE_NEWNS = 0x00020000
+MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
+STAGE = "/tmp"
+"""Where the launcher mounts its staging tmpfs: in its own private mount namespace, not the host's."""
+
+
+def reachable_by_others(path: str) -> bool:
+    """Whether a uid other than the owner can traverse to `path` and read it."""
+    target = Path(path)
+    try:
+        for directory in target.parents:
+            if not os.stat(directory).st_mode & 0o001:
+                return False
+        return bool(os.stat(target).st_mode & 0o004)
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the host starts bwrap: as an unprivileged uid when it is root, with host paths that uid
+    cannot reach bind-mounted (staged) into a private mount namespace first."""
+
+    uid: int | None = None
+    staged: tuple[tuple[str, str], ...] = ()
+    """(host path, where it is reachable in the launcher's mount namespace)."""
+
+    @classmethod
+    def for_paths(cls, paths: list[str]) -> Launch:
+        if os.geteuid() != 0:
+            return cls()
+        hidden: list[str] = []
+        for path in sorted(
+            paths, key=len
+        ):  # stage the outermost path only: relative links keep working
+            if not reachable_by_others(path) and not any(path.startswith(h + "/") for h in hidden):
+                hidden.append(path)
+        return cls(SANDBOX_UID, tuple((p, f"{STAGE}/{i}") for i, p in enumerate(hidden)))
+
+    def source(self, path: str) -> str:
+        """Where the launched bwrap finds host `path`."""
+        for host, staged in self.staged:
+            if path == host or path.startswith(host + "/"):
+                return staged + path[len(host) :]
+        return path
+
+    def prepare(self) -> None:
+        """Runs in the child between fork and exec, as root: stage the paths, then drop to `uid`."""
+        if self.uid is None:
+            return
+        if self.staged:
+            libc = ctypes.CDLL(None, use_errno=True)
+
+            def check(rc: int, what: str) -> None:
+                if rc != 0:
+                    raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+            check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+            check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+            check(
+                libc.mount(b"tmpfs", STAGE.encode(), b"tmpfs", 0, b"mode=755,size=64k"),
+                "stage tmpfs",
+            )
+            for host, staged in self.staged:
+                os.mkdir(staged, 0o755)
+                check(
+                    libc.mount(host.encode(), staged.encode(), None, MS_BIND | MS_REC, None),
+                    f"stage {host}",
+                )
+        os.setgroups([])
+        os.setgid(self.uid)
+        os.setuid(self.uid)
+
+
 @dataclass(frozen=True)
 class Isolation:
     """The level chosen for a sandbox: `namespaces` or `rlimits` (the fallback)."""
 
     level: str
     bwrap: str | None = None
+    launch: Launch = Launch()
     cgroups: bool = False
     uid: int | None = None
     """Fallback only: the uid interpreters switch to, when one is usable."""
 
     def describe(self) -> str:
-        parts = [self.level] + (["uid"] if self.uid is not None else []) + (["cgroup"] if self.cgroups else [])
+        parts = (
+            [self.level]
+            + (["uid"] if self.uid is not None else [])
+            + (["cgroup"] if self.cgroups else [])
+        )
         return "+".join(parts)
 
 
@@ -99,9 +182,18 @@ def python_roots() -> list[str]:
     return kept
 
 
-def bwrap_command(bwrap: str, scratch_mb: int, host_fd: int, config_json: str) -> list[str]:
-    """The command line of one namespaced worker."""
-    cmd = [bwrap, "--unshare-all", "--die-with-parent", "--as-pid-1", "--new-session"]
+def bwrap_command(
+    isolation: Isolation, scratch_mb: int, host_fd: int, config_json: str
+) -> list[str]:
+    """The command line of one namespaced worker (paths as the launcher sees them)."""
+    launch = isolation.launch
+    cmd = [
+        launch.source(isolation.bwrap),
+        "--unshare-all",
+        "--die-with-parent",
+        "--as-pid-1",
+        "--new-session",
+    ]
     cmd += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
     cmd += ["--tmpfs", "/", "--ro-bind", "/usr", "/usr"]
     for link in ("bin", "lib", "lib64", "sbin"):
@@ -111,13 +203,15 @@ def bwrap_command(bwrap: str, scratch_mb: int, host_fd: int, config_json: str) -
         elif target.is_dir():
             cmd += ["--ro-bind", str(target), f"/{link}"]
     for root in python_roots():
-        cmd += ["--ro-bind", root, root]
-    cmd += ["--ro-bind", str(ZYGOTE), "/zygote.py"]
+        cmd += ["--ro-bind", launch.source(root), root]
+    cmd += ["--ro-bind", launch.source(str(ZYGOTE)), "/zygote.py"]
     cmd += ["--dir", "/etc"]
     for name in ("ld.so.cache", "localtime"):
         if Path("/etc", name).exists():
             cmd += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-    cmd += ["--proc", "/proc", "--dev", "/dev"]
+    # /proc/sys read-only: its checks are file permissions only.
+    cmd += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
+    cmd += ["--dev", "/dev"]
     cmd += ["--size", str(scratch_mb << 20), "--tmpfs", "/tmp"]
     cmd += ["--size", str(min(scratch_mb, 64) << 20), "--tmpfs", "/dev/shm"]
     cmd += ["--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
@@ -132,15 +226,31 @@ def fallback_command(host_fd: int, config_json: str) -> list[str]:
     return [sys.executable, "-I", str(ZYGOTE), str(host_fd), config_json]
 
 
+def namespace_isolation(bwrap: str) -> Isolation | None:
+    """The namespace level with its launcher, if bwrap can build the sandbox here (user namespaces may
+    be disabled, or staging may be refused); else None."""
+    needed = [bwrap, str(ZYGOTE), *python_roots()]
+    for launch in (Launch.for_paths(needed), Launch()):
+        isolation = Isolation("namespaces", bwrap=bwrap, launch=launch)
+        probe = bwrap_command(isolation, 1, 0, "{}")
+        probe = probe[: probe.index(sys.executable)] + [sys.executable, "-I", "-c", "pass"]
+        try:
+            done = subprocess.run(probe, capture_output=True, timeout=30, preexec_fn=launch.prepare)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if done.returncode == 0:
+            if launch.uid is None and os.geteuid() == 0:
+                log.warning(
+                    "cleaner.sandbox: bwrap runs as root; the sandbox uid maps to host root"
+                )
+            return isolation
+        log.debug("bwrap probe failed: %s", done.stderr.decode(errors="replace"))
+    return None
+
+
 @functools.cache
-def namespaces_work(bwrap: str) -> bool:
-    """Whether bwrap can build the sandbox here (user namespaces may be disabled)."""
-    probe = bwrap_command(bwrap, 1, 0, "{}")
-    probe = probe[: probe.index(sys.executable)] + [sys.executable, "-I", "-c", "pass"]
-    try:
-        return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+def _namespace_isolation_cached(bwrap: str) -> Isolation | None:
+    return namespace_isolation(bwrap)
 
 
 @functools.cache
@@ -172,8 +282,9 @@ def choose(isolation: str = "auto") -> Isolation:
         raise ValueError(f"isolation must be one of {', '.join(LEVELS)}; got {isolation!r}")
     if isolation != "none":
         bwrap = bwrap_binary()
-        if bwrap and namespaces_work(bwrap):
-            return Isolation("namespaces", bwrap=bwrap, cgroups=cgroups_writable())
+        found = _namespace_isolation_cached(bwrap) if bwrap else None
+        if found:
+            return replace(found, cgroups=cgroups_writable())
         if isolation == "namespaces":
             raise IsolationUnavailable(
                 "bubblewrap cannot create namespaces here (no bwrap binary, or user namespaces are disabled)"
@@ -208,6 +319,6 @@ class PidsCgroup:
 
 
 def scratch_dir_for_fallback() -> str:
-    path = tempfile.mkdtemp(prefix="cleaner-sandbox-")
+    path = tempfile.mkdtemp(prefix=f"cleaner-sandbox-{os.getpid()}-")
     os.chmod(path, 0o711)
     return path

@@ -75,7 +75,8 @@ class Sandbox:
         self.print_last_expr = print_last_expr
         size = workers or os.cpu_count() or 1
         self.workers = [
-            Worker(self.isolation, preload=preload, scratch_mb=scratch_mb, max_pids=max_pids) for _ in range(size)
+            Worker(self.isolation, preload=preload, scratch_mb=scratch_mb, max_pids=max_pids)
+            for _ in range(size)
         ]
         self._sessions: dict[str, _Session] = {}
         self._closed = False
@@ -157,7 +158,9 @@ class Sandbox:
         )
 
     def _invalid(self, reason: str, session: str | None) -> ExecResult:
-        return ExecResult(status="invalid", reason=reason, isolation=self.isolation.describe(), session=session)
+        return ExecResult(
+            status="invalid", reason=reason, isolation=self.isolation.describe(), session=session
+        )
 
     # ------------------------------------------------------------------ sessions
 
@@ -175,8 +178,14 @@ class Sandbox:
         """Make the session's state what it was at `snapshot` time. The token stays valid (restore again
         for the next attempt); the current interpreter is discarded."""
         record = self._sessions.get(session)
-        if record is None or token not in record.snapshots or record.generation != record.worker.generation:
-            raise SnapshotLost(f"snapshot {token} of session {session!r} does not exist (released or lost)")
+        if (
+            record is None
+            or token not in record.snapshots
+            or record.generation != record.worker.generation
+        ):
+            raise SnapshotLost(
+                f"snapshot {token} of session {session!r} does not exist (released or lost)"
+            )
         reply = await self._control(session, {"op": "restore", "session": session, "token": token})
         if "error" in reply:
             raise SnapshotLost(f"snapshot {token} of session {session!r}: {reply['error']}")

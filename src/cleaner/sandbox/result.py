@@ -35,7 +35,8 @@ class ExecResult:
     session_started: bool = False
     """This cell ran in a fresh interpreter (the session's first cell, or the first after a loss)."""
     state_lost: bool = False
-    """The session's interpreter is gone after this cell (timeout, kill, exit); the next cell starts fresh."""
+    """The session's earlier state is gone: this cell's interpreter died (timeout, kill, exit; the next
+    cell starts fresh), or it was found dead before this cell, which then ran in a fresh one."""
 
     @property
     def ok(self) -> bool:
@@ -45,7 +46,10 @@ class ExecResult:
         """All fields; None and False flags are left out to keep JSONL lines short."""
         out = {}
         for key, value in asdict(self).items():
-            if key in ("status", "stdout", "stderr", "duration_s", "isolation") or value not in (None, False):
+            if key in ("status", "stdout", "stderr", "duration_s", "isolation") or value not in (
+                None,
+                False,
+            ):
                 out[key] = value
         return out
 

@@ -40,7 +40,9 @@ class WorkerDied(RuntimeError):
 class Worker:
     """A zygote in its sandbox, serving one request at a time (callers hold `lock`)."""
 
-    def __init__(self, isolation: Isolation, *, preload: tuple[str, ...], scratch_mb: int, max_pids: int):
+    def __init__(
+        self, isolation: Isolation, *, preload: tuple[str, ...], scratch_mb: int, max_pids: int
+    ):
         self.isolation = isolation
         self.preload = preload
         self.scratch_mb = scratch_mb
@@ -70,9 +72,16 @@ class Worker:
         else:
             self.fallback_scratch = scratch_dir_for_fallback()
             scratch_root = self.fallback_scratch
-        config = json.dumps({"preload": list(self.preload), "scratch_root": scratch_root, "uid": self.isolation.uid})
+        config = json.dumps(
+            {
+                "preload": list(self.preload),
+                "scratch_root": scratch_root,
+                "uid": self.isolation.uid,
+                "private_tmp": self.isolation.level == "namespaces",
+            }
+        )
         if self.isolation.level == "namespaces":
-            cmd = bwrap_command(self.isolation.bwrap, self.scratch_mb, child_sock.fileno(), config)
+            cmd = bwrap_command(self.isolation, self.scratch_mb, child_sock.fileno(), config)
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         else:
             cmd = fallback_command(child_sock.fileno(), config)
@@ -90,7 +99,7 @@ class Worker:
                 pass_fds=[child_sock.fileno()],
                 env=env,
                 start_new_session=True,
-                preexec_fn=self.cgroup.enter if self.cgroup else None,
+                preexec_fn=self._prepare_child,
             )
         finally:
             child_sock.close()
@@ -100,9 +109,18 @@ class Worker:
             ready = await asyncio.wait_for(self._read_frame(), START_TIMEOUT_S)
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
             await self.kill()
-            raise WorkerDied(f"worker did not start: {self.stderr_tail.decode(errors='replace')[-2000:]}") from e
+            raise WorkerDied(
+                f"worker did not start: {self.stderr_tail.decode(errors='replace')[-2000:]}"
+            ) from e
         self.preloaded = ready.get("preloaded", [])
         self.generation += 1
+
+    def _prepare_child(self) -> None:
+        """Between fork and exec: join the cgroup (as root), then stage paths and drop privileges."""
+        if self.cgroup:
+            self.cgroup.enter()
+        if self.isolation.level == "namespaces":
+            self.isolation.launch.prepare()
 
     async def _keep_stderr_tail(self) -> None:
         assert self.process and self.process.stderr

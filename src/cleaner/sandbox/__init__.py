@@ -1,0 +1,68 @@
+"""The interpreter sandbox: run untrusted model code, fast, isolated, stateless or in sessions.
+
+Quick use (async, one coroutine per trajectory in a rollout):
+
+    from cleaner.sandbox import Sandbox
+
+    async with Sandbox() as sb:                      # a pool of warm workers, one per core
+        r = await sb.run("import sympy; print(sympy.factorint(360))")
+        r.status, r.stdout, r.error_type, r.line     # 'ok', '{2: 3, 3: 2, 5: 1}\\n', None, None
+        r.to_observation()                           # cleaner.trajectory.Observation
+
+Blocking code uses `SyncSandbox()` (same methods, no await). `connect(url)` returns the HTTP client
+(`RemoteSandbox`) when a URL is given or CLEANER_SANDBOX_URL is set, else an embedded `Sandbox`: the
+same API either way. `serve(host, port)` runs the service; `exec_file(in, out)` is `cleaner exec`.
+
+Results (`ExecResult`) are decided by the host: status `ok | error | timeout | killed | invalid`,
+stdout and stderr (capped while reading, with `stdout_truncated` / `stderr_truncated`), `error_type`
+and `line` of an exception (its traceback, with the cell's own frames only, ends `stderr`), `reason`
+for `killed` and `timeout`, `duration_s`, `exit_code` after `sys.exit`/`os._exit`, and `isolation`.
+
+Sessions (stateful, as in Jupyter): pass any string as `session=`; variables persist across its
+calls; sessions are separate. A session whose interpreter dies (timeout, memory, os._exit) answers
+with `state_lost=True`, and its next call runs in a fresh interpreter (`session_started=True`).
+`close_session(id)` frees it. Snapshots, for online SAAR (undo a failed call before its correction):
+
+    token = await sb.snapshot(sid)          # a frozen fork of the interpreter, state before the call
+    r = await sb.run(code, session=sid)
+    while not r.ok and attempts_left:
+        await sb.restore(sid, token)        # back to the pre-failure state; the token stays valid
+        r = await sb.run(correction, session=sid)
+    await sb.release(sid, token)            # free the frozen copy
+
+A snapshot survives the death of the live interpreter (a timeout), so a timed-out call can still be
+undone. `restore` raises `SnapshotLost` if the snapshot was released or its worker died.
+
+How it works: each worker is a zygote, a Python process that imported numpy and sympy once and
+forks a fresh interpreter per stateless call (a fresh state costs a fork, not an interpreter start);
+a session is a long-lived fork, a snapshot a fork of that. In namespace mode each worker runs in
+bubblewrap (user, pid, network, mount, IPC, UTS namespaces; uid 65534; read-only root; a size-bounded
+scratch tmpfs; no network; a cleared environment; a pids cgroup when writable), the zygote is pid 1 of
+its pid namespace, and after every call it kills any process that is not a registered interpreter, so
+detached daemons die with the call. Model code runs under rlimits (address space 2 GiB by default,
+CPU, file size, open files, processes; the stack is left alone) with one BLAS thread. Where namespaces
+do not work, `isolation="auto"` falls back to rlimits + setsid + a separate uid with a loud warning;
+every result says which level was in force (see `cleaner.sandbox.isolation`).
+"""
+
+from cleaner.sandbox.execfile import exec_file
+from cleaner.sandbox.isolation import IsolationUnavailable
+from cleaner.sandbox.local import Limits, Sandbox, SnapshotLost
+from cleaner.sandbox.result import ExecResult
+from cleaner.sandbox.service import RemoteSandbox, SandboxUnavailable, make_app, serve
+from cleaner.sandbox.sync import SyncSandbox, connect
+
+__all__ = [
+    "ExecResult",
+    "IsolationUnavailable",
+    "Limits",
+    "RemoteSandbox",
+    "Sandbox",
+    "SandboxUnavailable",
+    "SnapshotLost",
+    "SyncSandbox",
+    "connect",
+    "exec_file",
+    "make_app",
+    "serve",
+]

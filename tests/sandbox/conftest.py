@@ -1,0 +1,70 @@
+"""Fixtures for the sandbox tests: real workers, and a check that nothing is left behind on the host."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from cleaner.sandbox import Limits, SyncSandbox
+
+
+def host_descendants() -> list[int]:
+    """Pids of every process below this test process (bwrap, zygotes, anything model code started)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_bytes()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+            children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def processes_with(marker: bytes) -> list[int]:
+    """Host processes whose command line contains `marker` (model code names its daemons with one)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            try:
+                if marker in Path(f"/proc/{name}/cmdline").read_bytes():
+                    found.append(int(name))
+            except OSError:
+                pass
+    return found
+
+
+def leftovers() -> list[str]:
+    """Files the sandbox may create on the host: cgroups and fallback scratch directories."""
+    mine = f"cleaner-{os.getpid()}-"
+    cgroups = Path("/sys/fs/cgroup/pids")
+    found = [str(p) for p in cgroups.glob(mine + "*")] if cgroups.is_dir() else []
+    found += [str(p) for p in Path(tempfile.gettempdir()).glob(f"cleaner-sandbox-{os.getpid()}-*")]
+    return found
+
+
+@pytest.fixture(scope="module")
+def sb():
+    """Two warm workers with short limits (512 MiB: a memory bomb fills it fast), shared by a module."""
+    with SyncSandbox(
+        workers=2,
+        limits=Limits(timeout=10.0, memory_mb=512, max_output_bytes=64 << 10),
+        scratch_mb=64,
+    ) as sandbox:
+        yield sandbox
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_behind():
+    yield
+    assert host_descendants() == [], "processes left running after the sandbox tests"
+    assert leftovers() == [], "files left on the host after the sandbox tests"
