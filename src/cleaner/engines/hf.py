@@ -87,7 +87,8 @@ class _Session:
     name: str
     tokens: list[int] = field(default_factory=list)  # the ids whose keys and values we hold
     kv: KV | None = None  # those keys and values while the session is parked (no request running)
-    busy: bool = False
+    latest: _Request | None = None  # the last request submitted
+    running: _Request | None = None  # the request in the batch, if any
     closed: bool = False
     last_used: int = 0
 
@@ -313,7 +314,7 @@ class HFEngine:
                     f"of {self.max_context}"
                 )
         state = self._sessions.setdefault(session, _Session(session))
-        if state.busy:
+        if state.latest is not None and not state.latest.future.done():
             raise RuntimeError(f"session {session!r} already has a generation in flight")
         generator = None
         if params.seed is not None and not params.greedy:
@@ -330,7 +331,7 @@ class HFEngine:
             detector=detector_factory() if detector_factory is not None else None,
             generator=generator,
         )
-        state.busy = True
+        state.latest = request
         self._waiting.append(request)
         if self._scheduler is None:
             self._scheduler = asyncio.create_task(self._schedule())
@@ -366,13 +367,15 @@ class HFEngine:
 
     def _admit(self) -> list[_Request]:
         """Take waiting requests while there is room; roll each session back to its reusable prefix."""
-        admitted = []
+        admitted, deferred = [], []
         room = self.max_batch_size - len(self._running.requests)
         while self._waiting and len(admitted) < room:
             r = self._waiting.popleft()
             state = r.session
             if r.future.cancelled():
-                state.busy = False
+                continue
+            if state.running is not None:  # a cancelled request of the session is still leaving
+                deferred.append(r)
                 continue
             keep = min(_common_prefix_length(state.tokens, r.context), len(r.context) - 1)
             if keep and state.kv is not None:
@@ -382,7 +385,9 @@ class HFEngine:
             state.kv, state.tokens = None, r.context[:keep]
             state.last_used = next(self._clock)
             r.feed, r.cached_tokens = r.context[keep:], keep
+            state.running = r
             admitted.append(r)
+        self._waiting.extendleft(reversed(deferred))
         return admitted
 
     def _step(self, admitted: list[_Request]) -> list[_Request]:
@@ -436,7 +441,7 @@ class HFEngine:
     def _finish(self, r: _Request) -> None:
         """Park the request's session (on the event loop) and hand the caller its result."""
         state = r.session
-        state.busy = False
+        state.running = None
         if not state.closed:
             state.kv, r.kv_out = r.kv_out, None
             state.last_used = next(self._clock)
@@ -461,7 +466,7 @@ class HFEngine:
         """A forward pass failed: fail its requests and start over with an empty batch."""
         self._running = _Batch.pack([], [], self.device)
         for r in requests:
-            r.session.busy = False
+            r.session.running = None
             r.session.kv, r.session.tokens = None, []
             if not r.future.done():
                 r.future.set_exception(error)
