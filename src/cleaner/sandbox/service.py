@@ -222,7 +222,7 @@ class RemoteSandbox:
                             f"{path}: HTTP {response.status}: {await response.text()}"
                         )
                     return response.status, await response.json()
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
+            except (TimeoutError, aiohttp.ClientConnectionError) as e:
                 last_error = f"{type(e).__name__}: {e}"
         raise SandboxUnavailable(
             f"{self.url}{path}: {last_error} after {self.retries + 1} attempts"

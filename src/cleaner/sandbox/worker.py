@@ -107,7 +107,7 @@ class Worker:
         self.reader, self.writer = await asyncio.open_unix_connection(sock=host_sock)
         try:
             ready = await asyncio.wait_for(self._read_frame(), START_TIMEOUT_S)
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
             await self.kill()
             raise WorkerDied(
                 f"worker did not start: {self.stderr_tail.decode(errors='replace')[-2000:]}"
@@ -142,7 +142,7 @@ class Worker:
             self.writer.write(HEADER.pack(len(data)) + data)
             await self.writer.drain()
             return await asyncio.wait_for(self._read_frame(), timeout)
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError) as e:
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError) as e:
             why = "stopped answering" if isinstance(e, asyncio.TimeoutError) else "died"
             await self.kill()
             raise WorkerDied(f"worker {why}") from e
