@@ -41,6 +41,18 @@ CELL = "<cell>"
 HEADER = struct.Struct("!I")
 MAX_FDS = 4
 MAX_MESSAGE = 16384
+# Run once in the zygote after importing a module: lazily initialised parts (sympy's polys, ntheory,
+# solvers; numpy's linalg) are then ready in every fork instead of being built again per call.
+WARMUP = {
+    "numpy": "import numpy as np\nnp.linalg.eigvalsh(np.eye(3)); np.random.default_rng(0).random(3); np.fft.fft(np.ones(4))",
+    "sympy": (
+        "import sympy\ny = sympy.Symbol('y')\n"
+        "sympy.factor(y**2 - 4); sympy.factorint(10**6 + 3); sympy.simplify(sympy.sin(y)**2 + sympy.cos(y)**2)\n"
+        "sympy.solve(y**2 - 3, y); sympy.integrate(y**3, y); sympy.expand((y + 1)**3); sympy.Rational(2, 5) + 1\n"
+        "sympy.sqrt(12); sympy.Matrix([[1, 2], [3, 4]]).det(); sympy.isprime(97); sympy.N(sympy.pi, 20)\n"
+        "sympy.core.cache.clear_cache()"
+    ),
+}
 CHANNEL_LOST = 75
 """Exit code of an interpreter whose reply channel model code closed."""
 PR_SET_DUMPABLE = 4
@@ -747,6 +759,8 @@ def main():
         try:
             __import__(name)
             preloaded.append(name)
+            if name in WARMUP:
+                exec(WARMUP[name], {})
         except Exception:  # noqa: BLE001 - a missing optional module is not fatal
             pass
     config["preloaded"] = preloaded

@@ -1,0 +1,196 @@
+"""Sandbox speed: warm forks vs a fresh interpreter per call, under the same isolation, in one run.
+
+    python benchmarks/sandbox.py [--workers N] [--calls N] [--isolation auto|namespaces|none]
+
+Prints calls/s and latency (p50/p99) for trivial and sympy-using snippets, stateless and stateful,
+the same for a fresh `python` per call (inside the same bubblewrap sandbox when namespaces are used),
+their ratios, the overhead of a stateful cell, and the memory an idle session adds.
+
+Targets (issue 3, 2 cores): >= 50x the fresh-interpreter throughput on sympy snippets, >= 200 trivial
+calls/s, p99 under 25 ms, stateful cell overhead under 1 ms, an idle session under 30 MB resident.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from cleaner.sandbox import Limits, Sandbox
+from cleaner.sandbox.isolation import bwrap_command
+
+TRIVIAL = "print(1 + 1)"
+SYMPY = "import sympy\nx = sympy.symbols('x')\nprint(sympy.factor(x**4 - 1), sympy.factorint(2**32 + 1))"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def report(name: str, latencies: list[float], elapsed: float) -> dict[str, float]:
+    row = {
+        "calls/s": len(latencies) / elapsed,
+        "p50 ms": 1000 * percentile(latencies, 0.50),
+        "p99 ms": 1000 * percentile(latencies, 0.99),
+    }
+    print(f"  {name:<44} {row['calls/s']:8.1f} calls/s   p50 {row['p50 ms']:8.2f} ms   p99 {row['p99 ms']:8.2f} ms")
+    return row
+
+
+async def load(call, total: int, in_flight: int) -> tuple[list[float], float]:
+    """Run `call()` `total` times with `in_flight` concurrent callers; latencies and wall time."""
+    latencies: list[float] = []
+    remaining = iter(range(total))
+
+    async def caller() -> None:
+        for _ in remaining:
+            start = time.perf_counter()
+            await call()
+            latencies.append(time.perf_counter() - start)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(in_flight)))
+    return latencies, time.perf_counter() - start
+
+
+async def fresh_interpreter(sandbox: Sandbox, code: str) -> None:
+    """The baseline: a new `python` for the call, in the same sandbox as a worker (or none)."""
+    isolation = sandbox.isolation
+    if isolation.level == "namespaces":
+        cmd = bwrap_command(isolation, 64, 0, "{}")
+        cmd = cmd[: cmd.index(sys.executable)] + [sys.executable, "-I", "-c", code]
+        preexec = isolation.launch.prepare
+    else:
+        cmd, preexec = [sys.executable, "-I", "-c", code], None
+    process = await asyncio.create_subprocess_exec(
+        *cmd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={"PATH": "/usr/bin:/bin", "OPENBLAS_NUM_THREADS": "1"},
+        preexec_fn=preexec,
+    )
+    out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+
+
+def unique_memory_kb(pids: list[int]) -> int:
+    """Private (unshared) resident memory of processes, from smaps_rollup."""
+    total = 0
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                total += int(line.split()[1])
+    return total
+
+
+def descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_bytes()
+            except OSError:
+                continue
+            children.setdefault(int(stat[stat.rindex(b")") + 2 :].split()[1]), []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--calls", type=int, default=1000, help="calls per warm measurement")
+    parser.add_argument("--fresh-calls", type=int, default=12, help="calls per fresh-interpreter measurement")
+    parser.add_argument("--isolation", default="auto")
+    args = parser.parse_args()
+    workers, n = args.workers, args.calls
+    in_flight = 2 * workers
+
+    async with Sandbox(workers=workers, isolation=args.isolation, limits=Limits(timeout=30)) as sandbox:
+        print(f"isolation {sandbox.isolation.describe()}, {workers} workers, {os.cpu_count()} cores, "
+              f"{in_flight} calls in flight for throughput")
+        for _ in range(4 * workers):  # warm up: first forks, page cache
+            await sandbox.run(SYMPY)
+
+        print("fresh interpreter per call (baseline)")
+        fresh = {}
+        for name, code in (("trivial", TRIVIAL), ("sympy", SYMPY)):
+            lat, el = await load(lambda code=code: fresh_interpreter(sandbox, code), args.fresh_calls, workers)
+            fresh[name] = report(f"fresh python, {name}", lat, el)
+
+        print("warm fork per call (stateless)")
+        warm = {}
+        for name, code in (("trivial", TRIVIAL), ("sympy", SYMPY)):
+            lat, el = await load(lambda code=code: sandbox.run(code), n, in_flight)
+            warm[name] = report(f"stateless, {name}, {in_flight} in flight", lat, el)
+        lat, el = await load(lambda: sandbox.run(TRIVIAL), n // 2, workers)
+        warm["trivial-latency"] = report(f"stateless, trivial, {workers} in flight (latency)", lat, el)
+
+        print("sessions (stateful)")
+        counter = iter(range(10**9))
+
+        async def session_cell(code: str) -> None:
+            await sandbox.run(code, session=f"bench{next(counter) % in_flight}")
+
+        for i in range(in_flight):
+            await sandbox.run("import sympy", session=f"bench{i}")
+        stateful = {}
+        for name, code in (("trivial", TRIVIAL), ("sympy", SYMPY)):
+            lat, el = await load(lambda code=code: session_cell(code), n, in_flight)
+            stateful[name] = report(f"stateful, {name}, {in_flight} in flight", lat, el)
+        cells = []
+        for _ in range(n):
+            r = await sandbox.run("pass", session="bench0")
+            cells.append(r.duration_s)
+        lat, el = await load(lambda: sandbox.run("pass", session="bench0"), n, 1)
+        stateful["cell"] = report("stateful, empty cell, one at a time", lat, el)
+        overhead_ms = 1000 * statistics.median(cells)
+        print(f"  stateful cell overhead inside the worker (send, run, capture, reply): {overhead_ms:.3f} ms median")
+        for i in range(in_flight):
+            await sandbox.close_session(f"bench{i}")
+
+        print("memory of idle sessions")
+        roots = [w.process.pid for w in sandbox.workers if w.process]
+        before = unique_memory_kb([p for r in roots for p in descendants(r)])
+        idle = 40
+        for i in range(idle):
+            await sandbox.run("import sympy, numpy\nx = sympy.Symbol('x')\ny = [i for i in range(1000)]", session=f"idle{i}")
+        after = unique_memory_kb([p for r in roots for p in descendants(r)])
+        per_session_mb = (after - before) / idle / 1024
+        print(f"  {idle} idle sessions (sympy and numpy imported): {per_session_mb:.2f} MB private memory each "
+              "(the rest of their resident pages are shared with the zygote)")
+        for i in range(idle):
+            await sandbox.close_session(f"idle{i}")
+
+    print("ratios and targets")
+    sympy_ratio = warm["sympy"]["calls/s"] / fresh["sympy"]["calls/s"]
+    trivial_ratio = warm["trivial"]["calls/s"] / fresh["trivial"]["calls/s"]
+    checks = [
+        (f"sympy throughput vs fresh interpreter: {sympy_ratio:.1f}x", sympy_ratio >= 50),
+        (f"trivial throughput vs fresh interpreter: {trivial_ratio:.1f}x", True),
+        (f"trivial calls/s: {warm['trivial']['calls/s']:.0f} (>= 200)", warm["trivial"]["calls/s"] >= 200),
+        (f"p99 at {workers} in flight: {warm['trivial-latency']['p99 ms']:.1f} ms (< 25)",
+         warm["trivial-latency"]["p99 ms"] < 25),
+        (f"stateful cell overhead: {overhead_ms:.3f} ms in the worker, "
+         f"{stateful['cell']['p50 ms']:.3f} ms round trip (< 1)", stateful["cell"]["p50 ms"] < 1),
+        (f"idle session: {per_session_mb:.1f} MB (< 30)", per_session_mb < 30),
+    ]
+    for text, met in checks:
+        print(f"  [{'met' if met else 'MISSED'}] {text}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
