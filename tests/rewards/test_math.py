@@ -133,7 +133,7 @@ def test_a_pathological_answer_costs_at_most_the_timeout_and_the_pool_recovers()
         score = score_math("\\boxed{(x+1)^{999999}}", "x^{999999}+1", verifier=v)
         elapsed = time.monotonic() - start
         assert not score.correct and "timed out" in score.note
-        assert elapsed < 3.0
+        assert elapsed < 3.5  # the 1 s timeout, plus killing the worker on a loaded machine
         # the hung worker was killed; a fresh one answers the next call
         assert score_math("\\boxed{0.5}", "\\frac{1}{2}", verifier=v).correct
 
