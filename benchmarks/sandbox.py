@@ -38,7 +38,9 @@ def report(name: str, latencies: list[float], elapsed: float) -> dict[str, float
         "p50 ms": 1000 * percentile(latencies, 0.50),
         "p99 ms": 1000 * percentile(latencies, 0.99),
     }
-    print(f"  {name:<44} {row['calls/s']:8.1f} calls/s   p50 {row['p50 ms']:8.2f} ms   p99 {row['p99 ms']:8.2f} ms")
+    print(
+        f"  {name:<44} {row['calls/s']:8.1f} calls/s   p50 {row['p50 ms']:8.2f} ms   p99 {row['p99 ms']:8.2f} ms"
+    )
     return row
 
 
@@ -113,22 +115,30 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--calls", type=int, default=1000, help="calls per warm measurement")
-    parser.add_argument("--fresh-calls", type=int, default=12, help="calls per fresh-interpreter measurement")
+    parser.add_argument(
+        "--fresh-calls", type=int, default=12, help="calls per fresh-interpreter measurement"
+    )
     parser.add_argument("--isolation", default="auto")
     args = parser.parse_args()
     workers, n = args.workers, args.calls
     in_flight = 2 * workers
 
-    async with Sandbox(workers=workers, isolation=args.isolation, limits=Limits(timeout=30)) as sandbox:
-        print(f"isolation {sandbox.isolation.describe()}, {workers} workers, {os.cpu_count()} cores, "
-              f"{in_flight} calls in flight for throughput")
+    async with Sandbox(
+        workers=workers, isolation=args.isolation, limits=Limits(timeout=30)
+    ) as sandbox:
+        print(
+            f"isolation {sandbox.isolation.describe()}, {workers} workers, {os.cpu_count()} cores, "
+            f"{in_flight} calls in flight for throughput"
+        )
         for _ in range(4 * workers):  # warm up: first forks, page cache
             await sandbox.run(SYMPY)
 
         print("fresh interpreter per call (baseline)")
         fresh = {}
         for name, code in (("trivial", TRIVIAL), ("sympy", SYMPY)):
-            lat, el = await load(lambda code=code: fresh_interpreter(sandbox, code), args.fresh_calls, workers)
+            lat, el = await load(
+                lambda code=code: fresh_interpreter(sandbox, code), args.fresh_calls, workers
+            )
             fresh[name] = report(f"fresh python, {name}", lat, el)
 
         print("warm fork per call (stateless)")
@@ -137,7 +147,9 @@ async def main() -> None:
             lat, el = await load(lambda code=code: sandbox.run(code), n, in_flight)
             warm[name] = report(f"stateless, {name}, {in_flight} in flight", lat, el)
         lat, el = await load(lambda: sandbox.run(TRIVIAL), n // 2, workers)
-        warm["trivial-latency"] = report(f"stateless, trivial, {workers} in flight (latency)", lat, el)
+        warm["trivial-latency"] = report(
+            f"stateless, trivial, {workers} in flight (latency)", lat, el
+        )
 
         print("sessions (stateful)")
         counter = iter(range(10**9))
@@ -158,7 +170,9 @@ async def main() -> None:
         lat, el = await load(lambda: sandbox.run("pass", session="bench0"), n, 1)
         stateful["cell"] = report("stateful, empty cell, one at a time", lat, el)
         overhead_ms = 1000 * statistics.median(cells)
-        print(f"  stateful cell overhead inside the worker (send, run, capture, reply): {overhead_ms:.3f} ms median")
+        print(
+            f"  stateful cell overhead inside the worker (send, run, capture, reply): {overhead_ms:.3f} ms median"
+        )
         for i in range(in_flight):
             await sandbox.close_session(f"bench{i}")
 
@@ -167,11 +181,16 @@ async def main() -> None:
         before = unique_memory_kb([p for r in roots for p in descendants(r)])
         idle = 40
         for i in range(idle):
-            await sandbox.run("import sympy, numpy\nx = sympy.Symbol('x')\ny = [i for i in range(1000)]", session=f"idle{i}")
+            await sandbox.run(
+                "import sympy, numpy\nx = sympy.Symbol('x')\ny = [i for i in range(1000)]",
+                session=f"idle{i}",
+            )
         after = unique_memory_kb([p for r in roots for p in descendants(r)])
         per_session_mb = (after - before) / idle / 1024
-        print(f"  {idle} idle sessions (sympy and numpy imported): {per_session_mb:.2f} MB private memory each "
-              "(the rest of their resident pages are shared with the zygote)")
+        print(
+            f"  {idle} idle sessions (sympy and numpy imported): {per_session_mb:.2f} MB private memory each "
+            "(the rest of their resident pages are shared with the zygote)"
+        )
         for i in range(idle):
             await sandbox.close_session(f"idle{i}")
 
@@ -181,11 +200,19 @@ async def main() -> None:
     checks = [
         (f"sympy throughput vs fresh interpreter: {sympy_ratio:.1f}x", sympy_ratio >= 50),
         (f"trivial throughput vs fresh interpreter: {trivial_ratio:.1f}x", True),
-        (f"trivial calls/s: {warm['trivial']['calls/s']:.0f} (>= 200)", warm["trivial"]["calls/s"] >= 200),
-        (f"p99 at {workers} in flight: {warm['trivial-latency']['p99 ms']:.1f} ms (< 25)",
-         warm["trivial-latency"]["p99 ms"] < 25),
-        (f"stateful cell overhead: {overhead_ms:.3f} ms in the worker, "
-         f"{stateful['cell']['p50 ms']:.3f} ms round trip (< 1)", stateful["cell"]["p50 ms"] < 1),
+        (
+            f"trivial calls/s: {warm['trivial']['calls/s']:.0f} (>= 200)",
+            warm["trivial"]["calls/s"] >= 200,
+        ),
+        (
+            f"p99 at {workers} in flight: {warm['trivial-latency']['p99 ms']:.1f} ms (< 25)",
+            warm["trivial-latency"]["p99 ms"] < 25,
+        ),
+        (
+            f"stateful cell overhead: {overhead_ms:.3f} ms in the worker, "
+            f"{stateful['cell']['p50 ms']:.3f} ms round trip (< 1)",
+            stateful["cell"]["p50 ms"] < 1,
+        ),
         (f"idle session: {per_session_mb:.1f} MB (< 30)", per_session_mb < 30),
     ]
     for text, met in checks:

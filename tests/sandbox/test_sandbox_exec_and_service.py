@@ -154,3 +154,54 @@ def test_fallback_level_warns_runs_and_reports_itself():
         assert sandbox.run("print(x)", session="s").stdout == "1\n"
     finally:
         sandbox.close()
+
+
+def test_serve_runs_a_service_until_interrupted(tmp_path):
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from cleaner.sandbox import serve; serve('127.0.0.1', {port}, workers=1)",
+        ],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/health", timeout=1
+                ) as response:
+                    health = json.load(response)
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError(
+                server.stderr.read().decode() if server.poll() is not None else "no service"
+            )
+        assert health["workers"] == 1
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/run", data=json.dumps({"code": "print(3 * 3)"}).encode()
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert json.load(response)["stdout"] == "9\n"
+    finally:
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=30) is not None
+
+
+def test_exec_file_with_a_progress_bar(tmp_path):
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_jsonl(source, [{"id": i, "code": f"print({i})"} for i in range(5)])
+    exec_file(source, out, workers=1, progress=True)
+    assert [line["stdout"] for line in read_jsonl(out)] == [f"{i}\n" for i in range(5)]

@@ -407,12 +407,15 @@ class Zygote:
             os.set_blocking(fd, False)
             selector.register(fd, selectors.EVENT_READ)
         selector.register(interp.sock, selectors.EVENT_READ)
+        pidfd, exited = None, False
         try:
             pidfd = os.pidfd_open(interp.pid)
             selector.register(pidfd, selectors.EVENT_READ)
         except ProcessLookupError:
-            pidfd = None
-        exited = pidfd is None
+            exited = True
+        except OSError:
+            pass  # no pidfd (old kernel): poll the process instead
+        poll = None if pidfd is not None else 0.01
         verdict = None  # (status, reason) decided here, when not a normal completion
         while verdict is None:
             if replies.outcome is not None and (exited or not stateless):
@@ -426,7 +429,7 @@ class Zygote:
             if remaining <= 0:
                 verdict = ("timeout", f"exceeded {timeout:g} s")
                 break
-            for key, _ in selector.select(remaining):
+            for key, _ in selector.select(min(remaining, poll or remaining)):
                 if key.fd == pidfd:
                     exited = True
                 elif key.fileobj is interp.sock:
@@ -434,6 +437,8 @@ class Zygote:
                 elif not read_capped(key.fd, captured, truncated, cap, selector):
                     verdict = ("killed", "output limit")
                     break
+            if poll and not is_running(interp.pid):
+                exited = True
         duration = time.monotonic() - start
         if verdict is None or verdict[0] == "exited":
             # Whatever is already in the pipes belongs to this cell.
@@ -531,16 +536,23 @@ class Zygote:
             session = self.session(request["session"])
             if session["live"] is None:
                 session["live"] = self.fresh_interpreter()
+            try:
+                snapshot = self.fork_interpreter(session["live"])
+            except (OSError, EOFError, ValueError, KeyError) as e:
+                return {"error": f"the interpreter could not be forked ({type(e).__name__})"}
             token = self.next_token
             self.next_token += 1
-            session["snapshots"][token] = self.fork_interpreter(session["live"])
+            session["snapshots"][token] = snapshot
             return {"token": token}
         if op == "restore":
             session = self.sessions.get(request["session"])
             snapshot = session and session["snapshots"].get(request["token"])
             if not snapshot:
                 return {"error": "unknown snapshot"}
-            new_live = self.fork_interpreter(snapshot)
+            try:
+                new_live = self.fork_interpreter(snapshot)
+            except (OSError, EOFError, ValueError, KeyError) as e:
+                return {"error": f"the snapshot could not be forked ({type(e).__name__})"}
             if session["live"]:
                 self.kill(session["live"])
             session["live"] = new_live

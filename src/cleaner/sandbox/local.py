@@ -16,7 +16,8 @@ HOST_GRACE_S = 5.0
 
 
 class SnapshotLost(RuntimeError):
-    """The snapshot no longer exists (released, or its worker died); the session state is not restored."""
+    """A snapshot could not be taken, or no longer exists (released, its worker died, or model code
+    broke the interpreter's channel); the session's state was not snapshotted or restored."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,8 @@ class Sandbox:
         A session that has not run anything yet is started, so its empty state can be restored.
         """
         reply = await self._control(session, {"op": "snapshot", "session": session})
+        if "error" in reply:
+            raise SnapshotLost(f"session {session!r}: {reply['error']}")
         token = reply["token"]
         self._sessions[session].snapshots.add(token)
         return token
@@ -233,8 +236,6 @@ class Sandbox:
                     raise SnapshotLost(f"session {session!r}: {e}") from e
         finally:
             worker.pending -= 1
-        if "error" in reply and request["op"] != "restore":
-            raise RuntimeError(f"sandbox harness error: {reply['error']}")
         return reply
 
     def _session_worker(self, session: str) -> Worker:
