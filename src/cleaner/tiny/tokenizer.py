@@ -32,7 +32,14 @@ def chat_template() -> str:
 def build_tokenizer(corpus: Iterable[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on `corpus`; every byte is in the alphabet, so any text encodes."""
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    # One token per digit, as Qwen's tokenizer does: a small model copies numbers digit by digit
+    # instead of having to learn thousands of rare multi-digit tokens.
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

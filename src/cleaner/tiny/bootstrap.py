@@ -1,0 +1,440 @@
+"""`cleaner bootstrap`: build the embedded default model by supervised fine-tuning on synthetic traces.
+
+Steps: generate traces (`traces.py`), train the tokenizer on their chat-template renderings, lay out
+each trace's tokens exactly as a rollout produces them (the prompt from `apply_chat_template(...,
+add_generation_prompt=True)`, each assistant turn's sampled text, tool results spliced with
+`HermesFormat.observation_ids`), fit a tiny Qwen3 on the assistant-sampled tokens only, and save it
+with `save_pretrained` plus a `bootstrap.json` that records the data mix, seeds, losses and timings.
+
+The default model is cached per machine under the user cache directory, keyed by a hash of the
+settings, and built atomically: in a temporary directory renamed into place, under a file lock, so
+concurrent or killed builds never leave a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cleaner.formats import HermesFormat, observation_text
+from cleaner.tiny.model import ModelShape, build_model, parameter_count, save_model
+from cleaner.tiny.tokenizer import build_tokenizer
+from cleaner.tiny.traces import TOOLS, TraceMix, generate_traces
+from cleaner.tokens import TokenTrajectory
+from cleaner.trajectory import Trajectory
+
+BUILD_VERSION = 1
+"""Bump when trace generation or training changes what a given set of settings builds."""
+CACHE_ENV = "CLEANER_CACHE_DIR"
+
+
+@dataclass(frozen=True)
+class BootstrapSettings:
+    """Everything that decides the built model; its hash names the cached copy."""
+
+    seed: int = 0
+    n_traces: int = 3000
+    mix: TraceMix = field(default_factory=TraceMix)
+    vocab_size: int = 2048
+    shape: ModelShape = field(default_factory=ModelShape)
+    epochs: int = 3
+    learning_rate: float = 3e-3
+    warmup_steps: int = 30
+    batch_tokens: int = 8192
+    """Padded tokens per optimiser step (sequences of similar length are batched together)."""
+    max_length: int = 1536
+    max_steps: int | None = None
+    """Stop after this many optimiser steps (for quick test builds); None trains all epochs."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def key(self) -> str:
+        blob = json.dumps({"version": BUILD_VERSION, **self.to_dict()}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------------- token layout
+
+
+def render_conversation(trajectory: Trajectory) -> list[dict[str, Any]]:
+    """The trace as chat messages (assistant tool calls and tool results) for the chat template."""
+    messages = list(trajectory.prompt)
+    for turn in trajectory.turns:
+        message: dict[str, Any] = {"role": "assistant", "content": turn.reasoning}
+        if turn.code is not None:
+            message["tool_calls"] = [
+                {
+                    "type": "function",
+                    "function": {"name": "code_interpreter", "arguments": {"code": turn.code}},
+                }
+            ]
+        messages.append(message)
+        if turn.observation is not None:
+            messages.append({"role": "tool", "content": observation_text(turn.observation)})
+    return messages
+
+
+def trace_tokens(
+    tokenizer, trajectory: Trajectory, *, tools: list[dict[str, Any]] = TOOLS
+) -> TokenTrajectory:
+    """The trace's tokens in the rollout's layout, as segments (the loss mask follows from them).
+
+    prompt: the chat template with the generation prompt; sampled: each assistant turn's text as the
+    model writes it (a tool call ends at `</tool_call>`, where the rollout stops; a final answer ends
+    with the end-of-turn token the model emits); tool: the spliced result, end of turn and next
+    assistant header; template: the newline the template puts after the last end-of-turn.
+    """
+    fmt = HermesFormat()
+    tokens = TokenTrajectory(trajectory)
+    prompt_ids = tokenizer.apply_chat_template(
+        trajectory.prompt,
+        tools=tools,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    tokens.append("prompt", prompt_ids)
+    for index, turn in enumerate(trajectory.turns):
+        text = fmt.render(turn.reasoning, turn.code)
+        if turn.code is None:
+            text += tokenizer.eos_token
+        tokens.append("sampled", tokenizer.encode(text, add_special_tokens=False), turn=index)
+        if turn.observation is not None:
+            shown = observation_text(turn.observation)
+            tokens.append("tool", fmt.observation_ids(tokenizer, shown), turn=index)
+    if trajectory.turns and trajectory.turns[-1].code is None:
+        tokens.append("template", tokenizer.encode("\n", add_special_tokens=False))
+    return tokens
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def _batches(lengths: list[int], batch_tokens: int, rng: random.Random) -> list[list[int]]:
+    """Indices grouped by similar length so that padded batches stay within `batch_tokens`."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
+    batches, current, longest = [], [], 0
+    for i in order:
+        longest_if_added = max(longest, lengths[i])
+        if current and longest_if_added * (len(current) + 1) > batch_tokens:
+            batches.append(current)
+            current, longest_if_added = [], lengths[i]
+        current.append(i)
+        longest = longest_if_added
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+def _masked_loss(model, ids, attention, labels):
+    """Token-mean cross-entropy of the next token, with the output head applied only where a
+    trained token is predicted (three quarters of each sequence is prompt and tool output)."""
+    import torch
+
+    hidden = model.model(input_ids=ids, attention_mask=attention).last_hidden_state
+    targets = labels[:, 1:]
+    where = targets != -100
+    logits = model.lm_head(hidden[:, :-1][where])
+    return torch.nn.functional.cross_entropy(logits.float(), targets[where])
+
+
+def train_sft(
+    model,
+    examples: list[tuple[list[int], list[int]]],
+    settings: BootstrapSettings,
+    *,
+    pad_id: int,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Fit `model` on (token ids, loss mask) pairs: token-mean cross-entropy on masked-in tokens."""
+    import torch
+
+    torch.manual_seed(settings.seed)
+    rng = random.Random(settings.seed)
+    lengths = [len(ids) for ids, _ in examples]
+    steps_per_epoch = len(_batches(lengths, settings.batch_tokens, random.Random(0)))
+    total = steps_per_epoch * settings.epochs
+    if settings.max_steps is not None:
+        total = min(total, settings.max_steps)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=settings.learning_rate, betas=(0.9, 0.95), weight_decay=0.01
+    )
+
+    def lr_at(step: int) -> float:  # linear warm-up, cosine decay to a tenth
+        if step < settings.warmup_steps:
+            return (step + 1) / settings.warmup_steps
+        progress = (step - settings.warmup_steps) / max(1, total - settings.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    model.train()
+    step, started, epoch_losses, trained_tokens = 0, time.monotonic(), [], 0
+    for epoch in range(settings.epochs):
+        loss_sum, token_sum = 0.0, 0
+        for batch in _batches(lengths, settings.batch_tokens, rng):
+            if step >= total:
+                break
+            width = max(lengths[i] for i in batch)
+            ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+            labels = torch.full((len(batch), width), -100, dtype=torch.long)
+            attention = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, i in enumerate(batch):
+                seq, mask = examples[i]
+                ids[row, : len(seq)] = torch.tensor(seq)
+                attention[row, : len(seq)] = 1
+                keep = torch.tensor(mask, dtype=torch.bool)
+                labels[row, : len(seq)] = torch.where(keep, torch.tensor(seq), -100)
+            loss = _masked_loss(model, ids, attention, labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            n = int((labels[:, 1:] != -100).sum())
+            loss_sum, token_sum = loss_sum + loss.item() * n, token_sum + n
+            trained_tokens += int(attention.sum())
+            step += 1
+        if token_sum:
+            epoch_losses.append(round(loss_sum / token_sum, 4))
+            log(
+                f"epoch {epoch + 1}/{settings.epochs}: loss {epoch_losses[-1]:.4f} "
+                f"({step} steps, {time.monotonic() - started:.0f} s)"
+            )
+        if step >= total:
+            break
+    seconds = time.monotonic() - started
+    model.eval()
+    return {
+        "steps": step,
+        "epoch_losses": epoch_losses,
+        "seconds": round(seconds, 1),
+        "tokens_per_second": round(trained_tokens / max(seconds, 1e-9)),
+    }
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def build(
+    out_dir: str | os.PathLike,
+    settings: BootstrapSettings,
+    *,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Generate, tokenize, train and save into `out_dir` (which must not hold a model yet)."""
+    import torch
+
+    timings: dict[str, float] = {}
+    clock = time.monotonic()
+    traces, stats = generate_traces(settings.n_traces, seed=settings.seed, mix=settings.mix)
+    timings["traces_s"] = round(time.monotonic() - clock, 1)
+    log(f"{stats.traces} traces ({stats.failing_traces} with failures) in {timings['traces_s']} s")
+
+    clock = time.monotonic()
+    probe = build_tokenizer(["x"], vocab_size=300)  # only for its chat template
+    corpus = [
+        probe.apply_chat_template(
+            render_conversation(t), tools=TOOLS, tokenize=False, add_generation_prompt=False
+        )
+        for t in traces
+    ]
+    tokenizer = build_tokenizer(corpus, vocab_size=settings.vocab_size)
+    examples = []
+    for trace in traces:
+        tokens = trace_tokens(tokenizer, trace)
+        ids, mask = tokens.token_ids, tokens.loss_mask
+        examples.append((ids[: settings.max_length], mask[: settings.max_length]))
+    lengths = sorted(len(ids) for ids, _ in examples)
+    timings["tokenize_s"] = round(time.monotonic() - clock, 1)
+
+    torch.set_num_threads(max(1, min(os.cpu_count() or 1, 4)))
+    model = build_model(tokenizer, settings.shape, seed=settings.seed)
+    log(
+        f"tiny Qwen3: {parameter_count(model) / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}, "
+        f"{sum(lengths)} tokens in {len(examples)} sequences"
+    )
+    training = train_sft(model, examples, settings, pad_id=tokenizer.pad_token_id, log=log)
+    timings["train_s"] = training.pop("seconds")
+
+    save_model(model, tokenizer, out_dir)
+    report = {
+        "build_version": BUILD_VERSION,
+        "settings": settings.to_dict(),
+        "data": {
+            **stats.to_dict(),
+            "failed_calls_per_trace": round(sum(t.failed_calls for t in traces) / len(traces), 3),
+            "sequence_tokens": {
+                "total": sum(lengths),
+                "median": lengths[len(lengths) // 2],
+                "max": lengths[-1],
+                "trained": sum(sum(m) for _, m in examples),
+            },
+        },
+        "model": {"parameters": parameter_count(model), "vocab_size": len(tokenizer)},
+        "training": training,
+        "timings": timings,
+    }
+    (Path(out_dir) / "bootstrap.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def bootstrap(
+    out_dir: str | os.PathLike,
+    *,
+    seed: int = 0,
+    n_traces: int | None = None,
+    failure_rate: float | None = None,
+    settings: BootstrapSettings | None = None,
+    overwrite: bool = False,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Build the tiny model into `out_dir` and return its path.
+
+    `seed`, `n_traces` and `failure_rate` override `settings` (the defaults otherwise). The model is
+    built in a temporary directory next to `out_dir` and renamed into place when complete.
+    """
+    settings = settings or BootstrapSettings()
+    overrides: dict[str, Any] = {"seed": seed}
+    if n_traces is not None:
+        overrides["n_traces"] = n_traces
+    if failure_rate is not None:
+        overrides["mix"] = TraceMix(**{**asdict(settings.mix), "failure_rate": failure_rate})
+    settings = BootstrapSettings(**{**_shallow_fields(settings), **overrides})
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out} is not empty (pass overwrite=True to replace it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    try:
+        build(staging, settings, log=log)
+        _move_into_place(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def _shallow_fields(settings: BootstrapSettings) -> dict[str, Any]:
+    return {name: getattr(settings, name) for name in settings.__dataclass_fields__}
+
+
+def _move_into_place(staging: Path, out: Path) -> None:
+    """Rename the finished build to `out`; an existing `out` is swapped out first, then removed."""
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.rename(out, old)
+        os.rename(staging, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(staging, out)
+
+
+# ----------------------------------------------------------------------------- the cached default
+
+
+def cache_root() -> Path:
+    """$CLEANER_CACHE_DIR, else $XDG_CACHE_HOME/cleaner, else ~/.cache/cleaner."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "cleaner"
+
+
+def default_model_dir(
+    settings: BootstrapSettings | None = None,
+    *,
+    build_if_missing: bool = True,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """The cached default model for `settings`, built once per machine (the first call takes minutes).
+
+    Concurrent callers wait on a lock file for the one that builds; a killed build leaves only a
+    temporary directory that is never mistaken for a model.
+    """
+    settings = settings or BootstrapSettings()
+    path = cache_root() / f"tiny-{settings.key()}"
+    if (path / "bootstrap.json").exists() or not build_if_missing:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path.with_name(path.name + ".lock")):
+        if not (path / "bootstrap.json").exists():
+            log(f"building the default tiny model in {path} (once per machine)")
+            bootstrap(path, seed=settings.seed, settings=settings, overwrite=True, log=log)
+    return path
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path):
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# ----------------------------------------------------------------------------- the CLI entry
+
+
+def bootstrap_command(
+    out: str | None = None,
+    *,
+    seed: int = 0,
+    n_traces: int | None = None,
+    failure_rate: float | None = None,
+    force: bool = False,
+    check: int = 0,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """What `cleaner bootstrap` runs: build (or find) the tiny model and print where it is.
+
+    Without `out` the per-machine cached default is used (built only if missing, or rebuilt with
+    `force`). `check` > 0 samples that many held-out problems afterwards and prints the figures.
+    """
+    base = BootstrapSettings()
+    settings = BootstrapSettings(
+        **{
+            **_shallow_fields(base),
+            "seed": seed,
+            "n_traces": n_traces if n_traces is not None else base.n_traces,
+            "mix": TraceMix(
+                **{
+                    **asdict(base.mix),
+                    **({} if failure_rate is None else {"failure_rate": failure_rate}),
+                }
+            ),
+        }
+    )
+    if out is None and force:
+        path = default_model_dir(settings, build_if_missing=False)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(path.with_name(path.name + ".lock")):
+            bootstrap(path, seed=seed, settings=settings, overwrite=True, log=log)
+    elif out is None:
+        path = default_model_dir(settings, log=log)
+    else:
+        path = bootstrap(out, seed=seed, settings=settings, overwrite=force, log=log)
+    report = json.loads((path / "bootstrap.json").read_text())
+    log(
+        f"model: {path} ({report['model']['parameters'] / 1e6:.2f}M parameters, "
+        f"final loss {report['training']['epoch_losses'][-1]})"
+    )
+    if check > 0:
+        from cleaner.tiny.check import check_model
+
+        result = check_model(path, n_problems=check)
+        log(json.dumps(result.summary(), indent=2))
+    return path
