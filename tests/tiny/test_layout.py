@@ -55,7 +55,9 @@ def test_loss_mask_covers_exactly_the_assistant_sampled_tokens(traces, tokenizer
             assert tokenizer.decode(segment.token_ids) == text
         mask = tokens.loss_mask
         assert sum(mask) == sum(len(s.token_ids) for s in trained)
-        untrained = tokenizer.decode([t for t, m in zip(tokens.token_ids, mask) if not m])
+        untrained = tokenizer.decode(
+            [t for t, m in zip(tokens.token_ids, mask, strict=True) if not m]
+        )
         for turn in trace.turns:
             if turn.observation is not None:
                 assert observation_text(turn.observation) in untrained

@@ -24,7 +24,7 @@ from cleaner.data.gym import load_gym
 from cleaner.data.problem import Problem
 from cleaner.formats import TOOL_NAME
 from cleaner.rewards.gym import score_gym
-from cleaner.trajectory import Observation, Trajectory, Turn
+from cleaner.trajectory import Trajectory, Turn
 
 CODE_INTERPRETER_TOOL = {
     "type": "function",
