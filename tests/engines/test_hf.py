@@ -37,10 +37,11 @@ async def test_one_session_matches_a_full_forward_pass(model, chatml_tokenizer):
         assert (generation.cached_tokens, generation.prefill_tokens) == (0, len(context))
 
 
+@pytest.mark.parametrize("prefill_chunk", [2048, 4])  # 4: prompts are prefilled in pieces
 async def test_batched_sessions_of_different_lengths_match_full_forward_passes(
-    model, chatml_tokenizer
+    model, chatml_tokenizer, prefill_chunk
 ):
-    engine = HFEngine(model, chatml_tokenizer)
+    engine = HFEngine(model, chatml_tokenizer, prefill_chunk=prefill_chunk)
     rng = random.Random(1)
     contexts = [random_ids(rng, n, len(chatml_tokenizer)) for n in (3, 40, 11, 25)]
     params = [SamplingParams(max_new_tokens=n, seed=i) for i, n in enumerate((12, 5, 20, 9))]
@@ -82,12 +83,13 @@ async def test_a_correction_prefills_only_the_error_and_a_graft_recomputes_after
     assert_matches_reference(model, purified, after_graft)
 
 
+@pytest.mark.parametrize("prefill_chunk", [2048, 3])
 async def test_rollbacks_of_sessions_admitted_together_match_full_forward_passes(
-    model, chatml_tokenizer
+    model, chatml_tokenizer, prefill_chunk
 ):
     """Two parked sessions come back in one step with suffixes of different lengths: the shorter
     suffix leaves padding columns between the session's reused prefix and its new tokens."""
-    engine = HFEngine(model, chatml_tokenizer)
+    engine = HFEngine(model, chatml_tokenizer, prefill_chunk=prefill_chunk)
     rng = random.Random(3)
     vocab = len(chatml_tokenizer)
     first = [random_ids(rng, n, vocab) for n in (18, 9)]

@@ -105,7 +105,7 @@ class _Request:
     detector: CallDetector | None
     generator: torch.Generator | None
     past: KV | None = None  # the session's reusable keys and values, until the request is packed
-    feed: list[int] = field(default_factory=list)  # ids to run through the model next
+    feed: list[int] = field(default_factory=list)  # ids not yet run through the model
     cached_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -170,9 +170,9 @@ class _Batch:
             layers.append((keys, values))
         return cls(requests, DynamicCache(layers), valid)
 
-    def forward(self, model, cache_kwarg: str) -> torch.Tensor:
-        """Run every row's `feed` through the model; the next-token logits of each row, (rows, vocab)."""
-        feeds = [r.feed for r in self.requests]
+    def forward(self, model, cache_kwarg: str, feeds: list[list[int]]) -> torch.Tensor:
+        """Run each row's feed (possibly empty) through the model; the logits after each row's last
+        token, (rows, vocab): meaningless for a row whose feed was empty."""
         device = self.valid.device
         n = max(len(f) for f in feeds)
         ids = torch.tensor([[0] * (n - len(f)) + f for f in feeds], device=device)
@@ -200,8 +200,8 @@ class _Batch:
             logits_to_keep=1,
             **{cache_kwarg: self.cache},
         )
-        for r in self.requests:
-            r.session.tokens.extend(r.feed)
+        for r, feed in zip(self.requests, feeds, strict=True):
+            r.session.tokens.extend(feed)
         return out.logits[:, -1].float()
 
     def extract(self, row: int) -> KV | None:
@@ -245,6 +245,8 @@ class HFEngine:
     `max_batch_size` caps the requests in one forward pass; more wait their turn. Parked sessions
     keep their keys and values for prefix reuse until `close`; `max_parked_tokens` bounds the total,
     dropping the least recently used sessions' caches (they are recomputed if they come back).
+    Prefills run in chunks of at most `prefill_chunk` tokens per request, which bounds the memory
+    of the attention mask. `eos_token_ids` defaults to the tokenizer's and the generation config's.
     """
 
     def __init__(
@@ -254,6 +256,7 @@ class HFEngine:
         *,
         max_batch_size: int = 32,
         max_parked_tokens: int | None = None,
+        prefill_chunk: int = 2048,
         eos_token_ids: Sequence[int] | None = None,
     ):
         config = model.config
@@ -269,6 +272,7 @@ class HFEngine:
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
         self.max_parked_tokens = max_parked_tokens
+        self.prefill_chunk = prefill_chunk
         self.max_context = getattr(config, "max_position_embeddings", None)
         self.stop_ids = frozenset(
             eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer)
@@ -400,9 +404,13 @@ class HFEngine:
             fresh = _Batch.pack(admitted, [r.past for r in admitted], self.device)
             for r in admitted:
                 r.past = None
-            for batch in (fresh, running):
-                if batch.requests:
-                    self._sample(batch.requests, batch.forward(self.model, self._cache_kwarg))
+            if admitted:
+                self._sample(admitted, self._prefill(fresh))
+            if running.requests:
+                feeds = [r.feed for r in running.requests]
+                self._sample(
+                    running.requests, running.forward(self.model, self._cache_kwarg, feeds)
+                )
 
             done = [r for r in running.requests + admitted if r.finish_reason or r.abandoned]
             if not (admitted or done):
@@ -418,6 +426,20 @@ class HFEngine:
                         kvs.append(batch.extract(row))
             self._running = _Batch.pack(live, kvs, self.device)
             return done
+
+    def _prefill(self, batch: _Batch) -> torch.Tensor:
+        """Run the rows' feeds in chunks of at most `prefill_chunk` tokens (the attention mask of a
+        chunk is chunk x context, per row); the logits after each row's last token."""
+        logits: list[torch.Tensor | None] = [None] * len(batch.requests)
+        while any(r.feed for r in batch.requests):
+            feeds = [r.feed[: self.prefill_chunk] for r in batch.requests]
+            for r in batch.requests:
+                r.feed = r.feed[self.prefill_chunk :]
+            chunk_logits = batch.forward(self.model, self._cache_kwarg, feeds)
+            for row, (r, feed) in enumerate(zip(batch.requests, feeds, strict=True)):
+                if feed and not r.feed:
+                    logits[row] = chunk_logits[row]
+        return torch.stack(logits)
 
     def _sample(self, requests: list[_Request], logits: torch.Tensor) -> None:
         """Sample a token per row; record it with its log-prob under logits / temperature."""
