@@ -215,3 +215,18 @@ def test_opening_and_closing_1000_sessions_leaks_nothing(sb):
         # The only scratch directory left is the one of the call that looks.
         r = sb.run("import os\nprint(os.listdir('/tmp/work') == [os.path.basename(os.getcwd())])")
         assert r.stdout == "True\n"
+
+
+def test_exit_of_a_restored_interpreter_is_reported_exactly(sb):
+    sid = "restored-exit"
+    sb.run("x = 1", session=sid)
+    token = sb.snapshot(sid)
+    sb.restore(sid, token)
+    r = sb.run("import os\nos._exit(4)", session=sid)
+    assert r.status == "error" and r.exit_code == 4 and r.state_lost
+    sb.restore(sid, token)
+    r = sb.run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", session=sid)
+    assert r.status == "killed" and r.reason == "signal SIGKILL"
+    sb.restore(sid, token)
+    assert sb.run("print(x)", session=sid).stdout == "1\n"
+    sb.close_session(sid)

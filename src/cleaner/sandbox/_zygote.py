@@ -224,14 +224,17 @@ def serve_interpreter(sock, namespace):
             (new_sock_fd,) = fds
             pid = os.fork()
             if pid == 0:
+                # Fork twice: the copy is orphaned at once and adopted by the zygote, which can then
+                # wait for it (its exit status, no zombies under a frozen snapshot).
+                if os.fork() != 0:
+                    os._exit(0)
                 sock.close()
                 os.setsid()
                 sock = socket.socket(fileno=new_sock_fd)
                 send_frame(sock, {"pid": os.getpid()})
                 continue
             os.close(new_sock_fd)
-        elif op == "exit":
-            os._exit(0)
+            os.waitpid(pid, 0)
 
 
 # ---------------------------------------------------------------- the zygote
@@ -259,9 +262,9 @@ class Zygote:
     def registered_pids(self):
         return {interp.pid for interp in self.interpreters()}
 
-    def sweep(self, extra_keep=()):
+    def sweep(self):
         """Kill every descendant that is not a registered interpreter; reap everything that exited."""
-        keep = self.registered_pids() | set(extra_keep)
+        keep = self.registered_pids()
         for _ in range(100):
             strays = [pid for pid in descendants(os.getpid()) if pid not in keep]
             if not strays:
@@ -612,6 +615,7 @@ class Zygote:
                 request, _ = recv_frame(self.host)
             except (EOFError, OSError):
                 return
+            self.orphans.clear()  # exit statuses matter only within the request that caused them
             try:
                 reply = self.handle(request)
             except Exception as e:  # noqa: BLE001 - a harness bug must reach the host, not hang it
