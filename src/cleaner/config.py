@@ -110,6 +110,122 @@ class RolloutConfig:
 
 
 @dataclass
+class SandboxConfig:
+    """Where model code runs (SPEC section 5)."""
+
+    url: str | None = option(
+        None, "URL of a `cleaner sandbox serve` service; unset runs an embedded worker pool"
+    )
+    workers: int = option(0, "embedded workers; 0 means one per CPU core")
+    isolation: Literal["auto", "namespaces", "none"] = option(
+        "auto", "namespaces (bubblewrap), none (rlimits only), or auto: namespaces where they work"
+    )
+    memory_mb: int = option(2048, "address-space limit of model code, MiB")
+
+
+@dataclass
+class DataConfig:
+    """Problems to train and evaluate on."""
+
+    train: str = option(
+        "gym",
+        "training problems: 'gym' (reasoning-gym tool tasks), 'gym:task,task', "
+        "a problems JSONL, or an Open-AgentRL-30K parquet file",
+    )
+    train_size: int = option(1000, "problems per reasoning-gym task for training")
+    eval: str = option("gym", "evaluation problems, as `train` (gym problems use a disjoint seed)")
+    eval_size: int = option(16, "problems per reasoning-gym task for evaluation")
+    eval_samples: int = option(
+        4, "samples per evaluation problem (avg@k); the reference protocol uses 16-32"
+    )
+
+
+@dataclass
+class TrainConfig:
+    """GRPO with the DAPO refinements (SPEC section 6); defaults from the authors' Qwen3-4B script."""
+
+    model: str = option(
+        "tiny",
+        "the policy: a local transformers model directory, or 'tiny' for the "
+        "embedded model (built by `cleaner bootstrap` on first use)",
+    )
+    objective: Literal["grpo", "sft"] = option(
+        "grpo",
+        "grpo: RL on (purified) trajectories; sft: plain likelihood on the same trajectories, "
+        "the control asking whether gains come from the RL signal or from imitation",
+    )
+    steps: int = option(200, "training steps (one rollout batch each)")
+    prompts_per_step: int = option(128, "prompts per step (authors: train_batch_size 128)")
+    group_size: int = option(16, "trajectories per prompt, the GRPO group (authors: n 16)")
+    mini_batch_prompts: int = option(
+        32, "prompts per optimizer update (authors: ppo_mini_batch_size 32)"
+    )
+    micro_batch_tokens: int = option(23040, "tokens per packed micro-batch (authors: 2560 + 20480)")
+    lr: float = option(2e-6, "AdamW learning rate (authors: 2e-6)")
+    warmup_steps: int = option(20, "linear warm-up steps, then constant (authors: 20)")
+    weight_decay: float = option(0.01, "AdamW weight decay (verl's default)")
+    grad_clip: float = option(1.0, "gradient-norm clip (authors: 1.0)")
+    clip_low: float = option(0.2, "PPO clip below 1 (authors: 0.2)")
+    clip_high: float = option(0.28, "PPO clip above 1, clip-higher (DAPO; authors: 0.28)")
+    dual_clip: float | None = option(
+        10.0, "dual-clip bound for negative advantages (authors: clip_ratio_c 10)"
+    )
+    loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = option(
+        "token-mean", "how token losses are averaged (DAPO, authors: token-mean)"
+    )
+    kl_coef: float = option(0.0, "KL(policy || initial policy) loss weight (authors: 0, no KL)")
+    entropy_coef: float = option(0.0, "entropy bonus weight (authors: 0)")
+    overlong_buffer: int = option(
+        4096,
+        "DAPO overlong shaping: the penalty ramps over the last this many "
+        "response tokens (authors: 4096)",
+    )
+    overlong_penalty: float = option(
+        1.0, "DAPO overlong shaping: the penalty at the length limit (authors: 1.0)"
+    )
+    dynamic_sampling: bool = option(
+        False, "DAPO dynamic sampling: drop groups whose rewards are all equal"
+    )
+    graft_mode: Literal["recompute", "mask_grafts", "behavior_is"] = option(
+        "recompute",
+        "grafted tokens: on-policy as the paper (recompute), no loss (mask_grafts), or "
+        "truncated importance weight vs the error-context log-probs (behavior_is)",
+    )
+    is_cap: float = option(2.0, "truncation of the behavior_is weight")
+    device: str = option("auto", "cuda, cpu, or auto (cuda when available)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = option(
+        "auto",
+        "compute precision: auto is bfloat16 autocast on CUDA that supports it, float32 on CPU",
+    )
+    max_batch_size: int = option(64, "sequences decoded together by the embedded engine")
+    save_every: int = option(10, "checkpoint every this many steps (authors: save_freq 10)")
+    keep_checkpoints: int = option(2, "most recent checkpoints kept")
+    eval_every: int = option(
+        10, "evaluate every this many steps, and at the end (authors: test_freq 10); 0 never"
+    )
+    sample_every: int = option(10, "write readable sample trajectories every this many steps")
+
+    def __post_init__(self):
+        for name in (
+            "steps",
+            "prompts_per_step",
+            "group_size",
+            "mini_batch_prompts",
+            "micro_batch_tokens",
+            "save_every",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.prompts_per_step % self.mini_batch_prompts:
+            raise ConfigError(
+                f"train.prompts_per_step ({self.prompts_per_step}) must be a multiple of "
+                f"train.mini_batch_prompts ({self.mini_batch_prompts})"
+            )
+        if not self.lr > 0:
+            raise ConfigError(f"train.lr must be > 0, got {self.lr}")
+
+
+@dataclass
 class Config:
     """Everything a run needs; sections are filled in as the system grows."""
 
@@ -119,6 +235,11 @@ class Config:
     )
     rollout: RolloutConfig = field(
         default_factory=RolloutConfig, metadata={"help": "multi-turn rollout"}
+    )
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "the trainer"})
+    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "problems"})
+    sandbox: SandboxConfig = field(
+        default_factory=SandboxConfig, metadata={"help": "the interpreter sandbox"}
     )
 
 
@@ -170,6 +291,11 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 1e-6 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise ConfigError(f"{where}: expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, str):
@@ -236,14 +362,16 @@ def load_config(
             _build(cls, data, "")
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from None
-    for text in overrides:
-        key, value = parse_override(text)
+    parsed = [(text, *parse_override(text)) for text in overrides]
+    for _, key, value in parsed:
         _set_dotted(data, key, value)
-        try:
-            _build(cls, data, "")
-        except ConfigError as e:
-            raise ConfigError(f"override {text!r}: {e}") from None
-    return _build(cls, data, "")
+    try:
+        return _build(cls, data, "")
+    except ConfigError as e:
+        # Checks that span options run once all overrides are in; name the override a message is about.
+        culprit = next((text for text, key, _ in reversed(parsed) if key in str(e)), None)
+        source = f"override {culprit!r}" if culprit else (str(path) if path is not None else "")
+        raise ConfigError(f"{source}: {e}" if source else str(e)) from None
 
 
 def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:

@@ -10,8 +10,16 @@ from tests.helpers import make_trajectory
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256)
+    config = Qwen3Config(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+    )
     return Qwen3ForCausalLM(config).eval()
 
 
@@ -35,18 +43,27 @@ def alone(model, s):
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_packed_rows_give_each_sequence_its_own_logprobs(model, attn):
     model.config._attn_implementation = attn
-    seqs = sequences([5, 17, 9, 30, 4])
-    batches = pack(seqs, max_tokens=40)
-    assert [mb.sequences for mb in batches] == [3, 2]  # 5+17+9, 30+4 (in order)
-    assert all(mb.tokens <= 40 for mb in batches)
+    seqs = sequences([5, 17, 9, 30, 4, 12, 3])
+    batches = pack(seqs, max_tokens=70)
+    # rows as wide as the longest sequence (30): [5, 17], [9], [30], [4, 12, 3]; two rows a batch
+    assert [mb.lengths for mb in batches] == [[[5, 17], [9]], [[30], [4, 12, 3]]]
+    assert all(mb.tokens <= 70 for mb in batches)
     got = []
     with torch.no_grad():
         for mb in batches:
             lp, _ = forward_logprobs(model, mb)
-            starts = [0] + torch.nonzero(mb.position_ids[0, 1:] == 0)[:, 0].add(1).tolist() + [mb.tokens]
-            got += [lp[0, a:b - 1] for a, b in zip(starts, starts[1:], strict=False)]
+            got += [
+                piece[:-1] for piece in mb.split(lp)
+            ]  # a sequence's last position predicts nothing
     for s, g in zip(seqs, got, strict=True):
         torch.testing.assert_close(g, alone(model, s), atol=1e-5, rtol=1e-5)
+    flat = torch.arange(sum(len(s) for s in seqs), dtype=torch.float32).split(
+        [len(s) for s in seqs]
+    )
+    joined = [mb.join(list(flat[:3]) if i == 0 else list(flat[3:])) for i, mb in enumerate(batches)]
+    assert [p.tolist() for i, mb in enumerate(batches) for p in mb.split(joined[i])] == [
+        p.tolist() for p in flat
+    ]
 
 
 def test_padded_batches_agree_with_packed(model):
@@ -60,12 +77,15 @@ def test_padded_batches_agree_with_packed(model):
     flat_pad = lp_pad[padded.loss_mask.bool()]
     flat_pack = lp_pack[packed.loss_mask.bool()]
     torch.testing.assert_close(flat_pad, flat_pack, atol=1e-5, rtol=1e-5)
-    assert padded.loss_mask.sum() == packed.loss_mask.sum() == sum(sum(s.loss_mask[1:]) for s in seqs)
+    assert (
+        padded.loss_mask.sum() == packed.loss_mask.sum() == sum(sum(s.loss_mask[1:]) for s in seqs)
+    )
 
 
 def test_targets_are_shifted_and_the_boundary_is_masked():
-    seqs = sequences([4, 5])
+    seqs = sequences([4, 5, 9])
     (mb,) = pack(seqs, max_tokens=100)
+    assert mb.lengths == [[4, 5], [9]]
     assert mb.targets[0, :3].tolist() == seqs[0].token_ids[1:]
     assert mb.loss_mask[0, 3].item() == 0  # last token of a sequence never predicts the next one
     assert mb.advantages[0].tolist() == [0.0] * 4 + [1.0] * 5

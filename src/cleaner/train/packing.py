@@ -56,27 +56,63 @@ class MicroBatch:
     graft_mask: torch.Tensor
     behavior_logprobs: torch.Tensor
     advantages: torch.Tensor
-    sequences: int
+    lengths: list[list[int]]
+    """The lengths of the sequences in each row, in order."""
+
+    @property
+    def sequences(self) -> int:
+        return sum(len(row) for row in self.lengths)
 
     @property
     def tokens(self) -> int:
         return int(self.input_ids.numel())
 
+    def split(self, values: torch.Tensor) -> list[torch.Tensor]:
+        """Per-token [rows, time] values cut into one 1-D tensor per sequence, in order."""
+        out = []
+        for r, row in enumerate(self.lengths):
+            out.extend(values[r, : sum(row)].split(row))
+        return out
+
+    def join(self, pieces: list[torch.Tensor]) -> torch.Tensor:
+        """The inverse of `split`: per-sequence 1-D tensors laid out as this batch's [rows, time]."""
+        out = torch.zeros(self.input_ids.shape, dtype=pieces[0].dtype, device=pieces[0].device)
+        k = 0
+        for r, row in enumerate(self.lengths):
+            out[r, : sum(row)] = torch.cat(pieces[k : k + len(row)])
+            k += len(row)
+        return out
+
     def to(self, device: torch.device | str) -> MicroBatch:
-        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        moved = {
+            k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()
+        }
         return MicroBatch(**moved)
 
 
 def _row(seqs: list[TrainSequence], length: int | None = None) -> dict[str, list]:
     """Concatenate sequences into one row of inputs and shifted targets; pad to `length` if given."""
-    row: dict[str, list] = {k: [] for k in ("input_ids", "position_ids", "targets", "loss_mask", "graft_mask",
-                                            "behavior_logprobs", "advantages", "attention_mask")}
+    row: dict[str, list] = {
+        k: []
+        for k in (
+            "input_ids",
+            "position_ids",
+            "targets",
+            "loss_mask",
+            "graft_mask",
+            "behavior_logprobs",
+            "advantages",
+            "attention_mask",
+        )
+    }
     for s in seqs:
         n = len(s)
         row["input_ids"] += s.token_ids
         row["position_ids"] += list(range(n))
         row["targets"] += s.token_ids[1:] + [0]
-        row["loss_mask"] += s.loss_mask[1:] + [0]  # the last token predicts nothing of this sequence
+        row["loss_mask"] += s.loss_mask[1:] + [
+            0
+        ]  # the last token predicts nothing of this sequence
         row["graft_mask"] += s.graft_mask[1:] + [0]
         row["behavior_logprobs"] += s.behavior_logprobs[1:] + [0.0]
         row["advantages"] += [s.advantage] * n
@@ -85,11 +121,13 @@ def _row(seqs: list[TrainSequence], length: int | None = None) -> dict[str, list
         pad = length - len(row["input_ids"])
         for key in row:
             row[key] += [0.0 if key in ("behavior_logprobs", "advantages") else 0] * pad
-        row["position_ids"][len(row["position_ids"]) - pad:] = list(range(pad))
+        row["position_ids"][len(row["position_ids"]) - pad :] = list(range(pad))
     return row
 
 
-def _tensors(rows: list[dict[str, list]], sequences: int, with_attention_mask: bool) -> MicroBatch:
+def _tensors(
+    rows: list[dict[str, list]], lengths: list[list[int]], with_attention_mask: bool
+) -> MicroBatch:
     def stack(key, dtype):
         return torch.tensor([r[key] for r in rows], dtype=dtype)
 
@@ -102,22 +140,43 @@ def _tensors(rows: list[dict[str, list]], sequences: int, with_attention_mask: b
         graft_mask=stack("graft_mask", torch.float32),
         behavior_logprobs=stack("behavior_logprobs", torch.float32),
         advantages=stack("advantages", torch.float32),
-        sequences=sequences,
+        lengths=lengths,
     )
 
 
 def pack(seqs: list[TrainSequence], max_tokens: int) -> list[MicroBatch]:
-    """Pack sequences, in order, into rows of at most `max_tokens` (a longer sequence gets a row of
-    its own). Order is kept so that the result does not depend on anything but the input."""
-    out, current, used = [], [], 0
+    """Pack sequences, in order, into rows as long as the longest sequence, and rows into
+    micro-batches of at most `max_tokens` (at least one row each).
+
+    Rows are capped at the longest sequence because attention without a variable-length kernel
+    (SDPA, eager) costs the square of the row length whatever the block-diagonal mask hides: rows of
+    about one sequence's length keep that cost at the padded batch's, while the rest of the model
+    (projections, MLP, logits) no longer runs on padding. Order is kept, so the result depends only
+    on the input.
+    """
+    if not seqs:
+        return []
+    width = max(len(s) for s in seqs)
+    rows: list[list[TrainSequence]] = [[]]
+    used = 0
     for s in seqs:
-        if current and used + len(s) > max_tokens:
-            out.append(_tensors([_row(current)], len(current), with_attention_mask=False))
-            current, used = [], 0
-        current.append(s)
+        if rows[-1] and used + len(s) > width:
+            rows.append([])
+            used = 0
+        rows[-1].append(s)
         used += len(s)
-    if current:
-        out.append(_tensors([_row(current)], len(current), with_attention_mask=False))
+    per_batch = max(1, max_tokens // width)
+    out = []
+    for i in range(0, len(rows), per_batch):
+        chunk = rows[i : i + per_batch]
+        length = max(sum(len(s) for s in row) for row in chunk)
+        out.append(
+            _tensors(
+                [_row(row, length) for row in chunk],
+                [[len(s) for s in row] for row in chunk],
+                with_attention_mask=False,
+            )
+        )
     return out
 
 
@@ -125,16 +184,27 @@ def pad(seqs: list[TrainSequence], batch_size: int) -> list[MicroBatch]:
     """Padded micro-batches of `batch_size` sequences each (right padding, attention mask)."""
     out = []
     for i in range(0, len(seqs), batch_size):
-        chunk = seqs[i:i + batch_size]
+        chunk = seqs[i : i + batch_size]
         length = max(len(s) for s in chunk)
-        out.append(_tensors([_row([s], length) for s in chunk], len(chunk), with_attention_mask=True))
+        out.append(
+            _tensors(
+                [_row([s], length) for s in chunk],
+                [[len(s)] for s in chunk],
+                with_attention_mask=True,
+            )
+        )
     return out
 
 
-def forward_logprobs(model, mb: MicroBatch, temperature: float = 1.0,
-                     with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def forward_logprobs(
+    model, mb: MicroBatch, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of every target token under the model (and per-token entropy if asked)."""
-    logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mb.attention_mask,
-                   use_cache=False).logits
+    logits = model(
+        input_ids=mb.input_ids,
+        position_ids=mb.position_ids,
+        attention_mask=mb.attention_mask,
+        use_cache=False,
+    ).logits
     logprobs = token_logprobs(logits, mb.targets, temperature)
     return logprobs, (entropy(logits, temperature) if with_entropy else None)
