@@ -334,10 +334,11 @@ def test_many_concurrent_attacks_then_all_healthy(sb):
 
 
 def test_a_worker_that_dies_is_replaced_and_the_call_is_killed():
-    from cleaner.sandbox import Limits, SyncSandbox
+    from cleaner.sandbox import Limits, SnapshotLost, SyncSandbox
 
     with SyncSandbox(workers=1, limits=Limits(timeout=5)) as sandbox:
-        assert sandbox.run("pass").ok
+        assert sandbox.run("x = 1", session="s").ok
+        token = sandbox.snapshot("s")
         worker = sandbox.sandbox.workers[0]
 
         def kill_worker_soon():
@@ -350,3 +351,8 @@ def test_a_worker_that_dies_is_replaced_and_the_call_is_killed():
         killer.join()
         assert r.status == "killed" and "worker" in r.reason
         assert sandbox.run("print('again')").stdout == "again\n"
+        # The session lived in that worker: its state and snapshots are gone, and it says so.
+        r = sandbox.run("print('x' in globals())", session="s")
+        assert r.stdout == "False\n" and r.session_started and r.state_lost
+        with pytest.raises(SnapshotLost):
+            sandbox.restore("s", token)

@@ -50,7 +50,9 @@ class Limits:
 class _Session:
     worker: Worker
     generation: int
+    """The worker generation that holds this session's state."""
     snapshots: set[int] = field(default_factory=set)
+    has_state: bool = False
 
 
 class Sandbox:
@@ -137,8 +139,7 @@ class Sandbox:
         try:
             async with worker.lock:
                 self._check_open()
-                if session is not None:
-                    self._claim(session, worker)
+                lost_before = session is not None and self._claim(session, worker)
                 try:
                     reply = await worker.request(request, limits.timeout + HOST_GRACE_S)
                 except WorkerDied as e:
@@ -154,9 +155,11 @@ class Sandbox:
             worker.pending -= 1
         if "error" in reply:
             raise RuntimeError(f"sandbox harness error: {reply['error']}")
-        return ExecResult.from_dict(
+        result = ExecResult.from_dict(
             {**reply, "isolation": self.isolation.describe(), "session": session}
         )
+        result.state_lost = result.state_lost or lost_before
+        return result
 
     def _invalid(self, reason: str, session: str | None) -> ExecResult:
         return ExecResult(
@@ -248,17 +251,20 @@ class Sandbox:
         self._sessions[session] = _Session(worker, worker.generation)
         return worker
 
-    def _claim(self, session: str, worker: Worker) -> None:
-        """Called under the worker's lock: a session of a dead worker generation starts over."""
+    def _claim(self, session: str, worker: Worker) -> bool:
+        """Called under the worker's lock, before a request. A session whose worker died since its
+        last request starts over; returns True when that threw away state it had."""
         record = self._sessions.setdefault(session, _Session(worker, worker.generation))
-        if record.generation != worker.generation:
-            record.generation = worker.generation
+        # A dead worker is restarted by the request, as the next generation.
+        current = worker.generation if worker.alive else worker.generation + 1
+        lost = False
+        if record.generation != current:
+            lost = record.has_state
+            record.generation = current
             record.snapshots.clear()
-        if not worker.alive:
-            # The request will start a fresh worker; the session's state is gone with the old one.
-            record.generation = worker.generation + 1
-            record.snapshots.clear()
+        record.has_state = True
         worker.sessions.add(session)
+        return lost
 
     def _least_loaded(self) -> Worker:
         return min(self.workers, key=lambda w: w.pending)
