@@ -215,6 +215,19 @@ async def test_close_forgets_the_session(model, chatml_tokenizer):
     assert (await engine.generate("s", context, params)).cached_tokens == 0
 
 
+async def test_closing_a_session_mid_generation_disturbs_no_other(model, chatml_tokenizer):
+    engine = HFEngine(model, chatml_tokenizer)
+    context = random_ids(random.Random(11), 10, len(chatml_tokenizer))
+    params = SamplingParams(max_new_tokens=100, seed=0)
+    closing = asyncio.create_task(engine.generate("a", context, params))
+    other = asyncio.create_task(engine.generate("b", context, params))
+    while not engine._running.requests:  # until both are in the batch, mid-generation
+        await asyncio.sleep(0.001)
+    await engine.close("a")
+    assert (await closing).token_ids == (await other).token_ids
+    assert (await engine.generate("a", context, params)).cached_tokens == 0
+
+
 async def test_parked_caches_beyond_the_budget_are_dropped_least_recently_used_first(
     model, chatml_tokenizer
 ):

@@ -274,6 +274,7 @@ class HFEngine:
         self.max_parked_tokens = max_parked_tokens
         self.prefill_chunk = prefill_chunk
         self.max_context = getattr(config, "max_position_embeddings", None)
+        self.vocab_size = model.get_input_embeddings().num_embeddings
         self.stop_ids = frozenset(
             eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer)
         )
@@ -309,6 +310,10 @@ class HFEngine:
         context = list(context_ids)
         if not context:
             raise ValueError("the context must hold at least one token")
+        if not 0 <= min(context) <= max(context) < self.vocab_size:
+            raise ValueError(
+                f"token ids must lie in [0, {self.vocab_size})"
+            )  # else the batch fails
         budget = params.max_new_tokens
         if self.max_context is not None:
             budget = min(budget, self.max_context - len(context))
@@ -344,8 +349,12 @@ class HFEngine:
     async def close(self, session: str) -> None:
         """See `Engine.close`. A generation still in flight finishes, but its cache is not kept."""
         state = self._sessions.pop(session, None)
-        if state is not None:
-            state.closed = True
+        if state is None:
+            return
+        state.closed = True
+        if (
+            state.running is None
+        ):  # else the scheduler still needs its token count; it drops the rest
             state.kv, state.tokens = None, []
 
     # --- the scheduler -------------------------------------------------------------------------------
