@@ -43,6 +43,18 @@ detached daemons die with the call. Model code runs under rlimits (address space
 CPU, file size, open files, processes; the stack is left alone) with one BLAS thread. Where namespaces
 do not work, `isolation="auto"` falls back to rlimits + setsid + a separate uid with a loud warning;
 every result says which level was in force (see `cleaner.sandbox.isolation`).
+
+Who decides a verdict: the zygote, which model code cannot signal (pid 1 ignores them), trace or
+read (not dumpable), and the host above it, which kills the whole worker when the zygote misses its
+deadline. A stateless call counts as finished only when its process has exited; a session's cell when
+the interpreter replies with that cell's nonce. Timeouts, kills, memory and output verdicts are never
+taken from inside.
+
+Known limits: the sessions and calls that share one worker share its uid and pid namespace, so model
+code can signal another session's interpreter in the same worker (`os.kill(-1, 9)`); the victim then
+reports `state_lost` and continues in a fresh interpreter. Processes started by a cell do not outlive
+it, in sessions too (nothing runs between calls but interpreters); threads of a session do, bounded
+by its CPU limit. A session's rlimits are fixed by its first cell (a lowered hard limit cannot rise).
 """
 
 from cleaner.sandbox.execfile import exec_file
