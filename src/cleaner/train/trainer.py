@@ -26,11 +26,11 @@ import torch
 import yaml
 
 from cleaner.agent import Rollout
+from cleaner.collect import collect, final_response, grade
 from cleaner.config import Config, ConfigError, load_config, to_dict
 from cleaner.data import TOOL_TASKS, Problem, load_benchmark
 from cleaner.jsonl import dump_line
 from cleaner.rewards.math import MathVerifier
-from cleaner.rewards.problem import score_problem
 from cleaner.tokens import TokenTrajectory
 from cleaner.train import checkpoint
 from cleaner.train.grpo import (
@@ -148,16 +148,10 @@ class Scored:
     response_tokens: int
 
 
-def final_response(t: TokenTrajectory) -> str:
-    """The answer turn's text; empty when the trajectory ended without one."""
-    turns = t.trajectory.turns
-    return turns[-1].reasoning if turns and turns[-1].code is None else ""
-
-
 def score_trajectory(
     problem: Problem, t: TokenTrajectory, cfg: Config, verifier: MathVerifier
 ) -> tuple[float, bool, int]:
-    score = score_problem(problem, final_response(t), verifier=verifier)
+    score = grade(problem, t, verifier)
     response_tokens = len(t.token_ids) - t.prompt_length
     penalty = overlong_penalty(
         response_tokens,
@@ -166,19 +160,6 @@ def score_trajectory(
         cfg.train.overlong_penalty,
     )
     return score.reward + penalty, score.correct, response_tokens
-
-
-async def collect(
-    rollout: Rollout, problems: list[Problem], group_size: int, seed: int, tag: str
-) -> list[list[TokenTrajectory]]:
-    """`group_size` trajectories per problem, all running concurrently."""
-    jobs = [
-        rollout.run(f"{tag}/{i}/{k}", p.prompt, seed=seed)
-        for i, p in enumerate(problems)
-        for k in range(group_size)
-    ]
-    flat = await asyncio.gather(*jobs)
-    return [flat[i * group_size : (i + 1) * group_size] for i in range(len(problems))]
 
 
 def trajectory_metrics(scored: list[Scored]) -> dict[str, float]:
