@@ -129,14 +129,17 @@ class DataConfig:
 
     train: str = option(
         "gym",
-        "training problems: 'gym' (reasoning-gym tool tasks), 'gym:task,task', "
-        "a problems JSONL, or an Open-AgentRL-30K parquet file",
+        "training problems: 'gym' (reasoning-gym tool tasks), 'gym:task,task', a benchmark name "
+        "(open-agentrl-30k, aime2025, ...; files under data.root), or a problems JSONL",
     )
     train_size: int = option(1000, "problems per reasoning-gym task for training")
     eval: str = option("gym", "evaluation problems, as `train` (gym problems use a disjoint seed)")
     eval_size: int = option(16, "problems per reasoning-gym task for evaluation")
     eval_samples: int = option(
         4, "samples per evaluation problem (avg@k); the reference protocol uses 16-32"
+    )
+    root: str | None = option(
+        None, "folder of local data files (Open-AgentRL-Eval, Open-AgentRL-30K) for benchmark names"
     )
 
 

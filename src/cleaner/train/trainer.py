@@ -52,11 +52,14 @@ EVAL_SEED_OFFSET = 10_000
 # --- setting up -------------------------------------------------------------------------------------
 
 
-def load_problems(spec: str, size: int, seed: int) -> list[Problem]:
-    """'gym' (every tool task), 'gym:a,b', a benchmark name, or a problems file."""
+def load_problems(spec: str, size: int, seed: int, root: str | None = None) -> list[Problem]:
+    """'gym' (every tool task), 'gym:a,b', a benchmark name (files under `root`), or a problems file."""
     if spec == "gym":
         spec = "gym:" + ",".join(TOOL_TASKS)
-    problems = load_benchmark(spec, size=size, seed=seed)
+    try:
+        problems = load_benchmark(spec, root=root, size=size, seed=seed)
+    except ValueError as e:
+        raise ConfigError(f"data: {e}") from None
     if not problems:
         raise ConfigError(f"data: {spec!r} holds no problems")
     code = [p.id for p in problems if p.kind == "code"]
@@ -208,9 +211,11 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: Path, *, log: Callable[[str], None] = print):
         self.cfg, self.run_dir, self.log = cfg, run_dir, log
         self.device, self.autocast = resolve_device(cfg)
-        self.problems = load_problems(cfg.data.train, cfg.data.train_size, cfg.seed)
+        self.problems = load_problems(cfg.data.train, cfg.data.train_size, cfg.seed, cfg.data.root)
         self.eval_problems = (
-            load_problems(cfg.data.eval, cfg.data.eval_size, cfg.seed + EVAL_SEED_OFFSET)
+            load_problems(
+                cfg.data.eval, cfg.data.eval_size, cfg.seed + EVAL_SEED_OFFSET, cfg.data.root
+            )
             if cfg.train.eval_every
             else []
         )
