@@ -460,10 +460,10 @@ class Trainer:
             if r is not None:
                 kl = (kl_penalty(logprobs, r) * mask).sum() / total_tokens
                 loss = loss + t.kl_coef * kl
-                sums["loss/kl"] += float(kl)
+                sums["loss/kl"] += float(kl.detach())
             loss.backward()
-            sums["loss/policy"] += float(loss)
-            sums["loss/entropy"] += float(mean_entropy) * share
+            sums["loss/policy"] += float(loss.detach())
+            sums["loss/entropy"] += float(mean_entropy.detach()) * share
             for k in ("clip_fraction", "dual_clip_fraction", "approx_kl"):
                 if k in stats:
                     sums[
