@@ -356,3 +356,25 @@ def test_a_worker_that_dies_is_replaced_and_the_call_is_killed():
         assert r.stdout == "False\n" and r.session_started and r.state_lost
         with pytest.raises(SnapshotLost):
             sandbox.restore("s", token)
+
+
+def test_calls_and_sessions_cannot_signal_each_other():
+    from cleaner.sandbox import SyncSandbox
+
+    with SyncSandbox(workers=1) as sandbox:
+        ping = sandbox._call(sandbox.sandbox.workers[0].request({"op": "ping"}, 30))
+        if not ping.get("pid_namespaces"):
+            pytest.skip("no pid namespace per call here (fallback level)")
+        sandbox.run("secret = 42", session="victim")
+        for attacker in (None, "attacker"):
+            r = sandbox.run("import os, signal\nos.kill(-1, signal.SIGKILL)", session=attacker)
+            assert r.status in ("ok", "error", "killed")
+        r = sandbox.run("print(secret)", session="victim")
+        assert r.stdout == "42\n" and not r.state_lost
+
+
+def test_model_code_has_no_capabilities(sb):
+    code = "caps = dict(l.split(':') for l in open('/proc/self/status') if l.startswith('Cap'))\nprint(int(caps['CapEff'], 16), int(caps['CapPrm'], 16))"
+    assert sb.run(code).stdout == "0 0\n"
+    assert sb.run(code, session="caps").stdout == "0 0\n"
+    sb.close_session("caps")

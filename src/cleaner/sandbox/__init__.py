@@ -33,16 +33,19 @@ with `state_lost=True`, and its next call runs in a fresh interpreter (`session_
 A snapshot survives the death of the live interpreter (a timeout), so a timed-out call can still be
 undone. `restore` raises `SnapshotLost` if the snapshot was released or its worker died.
 
-How it works: each worker is a zygote, a Python process that imported numpy and sympy once and
-forks a fresh interpreter per stateless call (a fresh state costs a fork, not an interpreter start);
-a session is a long-lived fork, a snapshot a fork of that. In namespace mode each worker runs in
-bubblewrap (user, pid, network, mount, IPC, UTS namespaces; uid 65534; read-only root; a size-bounded
-scratch tmpfs; no network; a cleared environment; a pids cgroup when writable), the zygote is pid 1 of
-its pid namespace, and after every call it kills any process that is not a registered interpreter, so
-detached daemons die with the call. Model code runs under rlimits (address space 2 GiB by default,
-CPU, file size, open files, processes; the stack is left alone) with one BLAS thread. Where namespaces
-do not work, `isolation="auto"` falls back to rlimits + setsid + a separate uid with a loud warning;
-every result says which level was in force (see `cleaner.sandbox.isolation`).
+How it works: each worker is a zygote, a Python process that imported (and exercised) numpy and
+sympy once and forks a fresh interpreter per stateless call, so a fresh state costs a fork, not an
+interpreter start; a session is a long-lived fork, a snapshot a fork of that. In namespace mode each
+worker runs in bubblewrap (user, pid, network, mount, IPC, UTS namespaces; started as an unprivileged
+host uid, uid 65534 inside; read-only root with only /usr and the Python installation; a size-bounded
+scratch tmpfs; no network; a cleared environment; a pids cgroup when writable), the zygote is pid 1
+of the worker, and every call and every session gets a pid namespace of its own: model code cannot
+see or signal another trajectory's processes, and everything it started dies with the call (or with
+the session); after every call the zygote also kills any process that is not an interpreter. Model
+code runs without capabilities, under rlimits (address space 2 GiB by default, CPU, file size, open
+files, processes; the stack is left alone) with one BLAS thread. Where namespaces do not work,
+`isolation="auto"` falls back to rlimits + setsid + a separate uid with a loud warning; every result
+says which level was in force (see `cleaner.sandbox.isolation`).
 
 Who decides a verdict: the zygote, which model code cannot signal (pid 1 ignores them), trace or
 read (not dumpable), and the host above it, which kills the whole worker when the zygote misses its
@@ -50,11 +53,13 @@ deadline. A stateless call counts as finished only when its process has exited; 
 the interpreter replies with that cell's nonce. Timeouts, kills, memory and output verdicts are never
 taken from inside.
 
-Known limits: the sessions and calls that share one worker share its uid and pid namespace, so model
-code can signal another session's interpreter in the same worker (`os.kill(-1, 9)`); the victim then
-reports `state_lost` and continues in a fresh interpreter. Processes started by a cell do not outlive
-it, in sessions too (nothing runs between calls but interpreters); threads of a session do, bounded
-by its CPU limit. A session's rlimits are fixed by its first cell (a lowered hard limit cannot rise).
+Known limits: a stateless call's code runs as pid 1 of its namespace (`os.getpid()` is 1; signals
+it sends itself without a handler are ignored, as for any init), and /proc shows the worker's pid
+namespace, so `/proc/<os.getpid()>` is not its own (`/proc/self` is). Processes started by a cell do
+not outlive it, in sessions too (nothing runs between calls but interpreters); threads of a session
+do, bounded by its CPU limit. A session's rlimits are fixed by its first cell (a lowered hard limit
+cannot rise). In the fallback level calls and sessions share one pid namespace and can signal each
+other; the victim session then reports `state_lost` and continues in a fresh interpreter.
 """
 
 from cleaner.sandbox.execfile import exec_file

@@ -7,16 +7,18 @@ request at a time.
 Process tree inside one worker (in namespace mode the zygote is pid 1 of the worker's pid namespace,
 so signals from model code cannot kill it and every process dies with it):
 
-    zygote (pid 1)
-      +- interpreter of a stateless call    (forked per call, killed after it)
-      +- live interpreter of session "a"    (serves cells on its own socket)
-      +- snapshot of session "a"            (a frozen fork of the live one; forks again on restore)
+    zygote (pid 1, keeps CAP_SYS_ADMIN to make pid namespaces; model code never has it)
+      +- interpreter of a stateless call      (pid 1 of its own pid namespace; exits after the call)
+      +- init of session "a"                  (pid 1 of the session's pid namespace; never runs model
+           +- live interpreter                 code; starts interpreters, reaps them on request)
+           +- snapshot (a frozen fork of the live interpreter; forks a new live one on restore)
 
 Every interpreter serves the same tiny loop on its own socket: `run` (a cell, with the output pipes
 passed as fds) and `fork` (make a copy that serves a new socket). A snapshot is an interpreter that the
-zygote does not send cells to; a restore asks it to fork a new live copy. After every request the
-zygote kills any process that is not a registered interpreter (detached daemons, stray children), and
-removes the call's scratch files.
+zygote does not send cells to; a restore asks it to fork a new live copy. Pids of forked copies come
+from the kernel (SCM_CREDENTIALS), not from what the copy says. After every request the zygote kills
+any process that is not a registered interpreter (detached daemons, stray children), and removes the
+scratch files no interpreter owns. Without pid namespaces (the fallback) the same tree is flat.
 """
 
 import ast
@@ -87,6 +89,132 @@ def recv_frame(sock):
     fds = []
     (size,) = HEADER.unpack(recv_exact(sock, HEADER.size, fds))
     return json.loads(recv_exact(sock, size, fds)), fds
+
+
+# ---------------------------------------------------------------- processes and namespaces
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+CLONE_NEWPID = 0x20000000
+SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(os.uname().machine)
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+CAPABILITY_VERSION_3 = 0x20080522
+
+
+class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def fork_into_new_pid_namespace():
+    """fork(), but the child is pid 1 of a new pid namespace (raw clone, with Python's fork hooks).
+
+    Model code in one call or session then cannot see or signal the processes of another, and all
+    its processes die with it. Needs CAP_SYS_ADMIN, which only the zygote has.
+    """
+    ctypes.pythonapi.PyOS_BeforeFork()
+    pid = libc.syscall(SYS_CLONE, CLONE_NEWPID | signal.SIGCHLD, 0, 0, 0, 0)
+    errno = ctypes.get_errno()
+    if pid == 0:
+        ctypes.pythonapi.PyOS_AfterFork_Child()
+    else:
+        ctypes.pythonapi.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(errno, os.strerror(errno))
+    return pid
+
+
+def drop_capabilities():
+    """Give up every capability (the zygote keeps CAP_SYS_ADMIN to make pid namespaces; model code
+    must not have it)."""
+    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    if libc.capset(ctypes.byref(CapHeader(CAPABILITY_VERSION_3, 0)), (CapData * 2)()) != 0:
+        os._exit(71)
+
+
+def recv_hello(sock):
+    """The first frame of a new interpreter, and its pid in the zygote's pid namespace, checked and
+    translated by the kernel (SCM_CREDENTIALS), whatever the frame itself claims."""
+    sock.settimeout(10)
+    data, ancillary, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(12))
+    pid = None
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            pid = struct.unpack("iII", payload[:12])[0]
+    if not data or pid is None:
+        raise EOFError("no hello")
+    (size,) = HEADER.unpack_from(data)
+    data += recv_exact(sock, HEADER.size + size - len(data), [])
+    sock.settimeout(None)
+    return json.loads(data[HEADER.size :]), pid
+
+
+def credentials_socketpair():
+    """A socket pair whose first end receives the sender's pid with every message."""
+    ours, theirs = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    return ours, theirs
+
+
+def become_child(keep_fds, scratch, uid):
+    """Set up a process forked from the zygote: only `keep_fds`, no capabilities, own session."""
+    highest = 3
+    for fd in sorted(keep_fds):
+        os.closerange(highest, fd)
+        highest = fd + 1
+    os.closerange(highest, 1 << 16)
+    drop_capabilities()
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.chdir(scratch)
+    os.environ.update(HOME=scratch, TMPDIR=scratch)
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+
+
+def serve_group(sock, uid):
+    """The init of a session's pid namespace: starts fresh interpreters in it and reaps on request.
+    It never runs model code; when its socket closes (the session ends) it exits, and with it every
+    process of the session."""
+    # Also without a pid namespace (fallback), forked copies orphaned in the session come here.
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    while True:
+        try:
+            request, fds = recv_frame(sock)
+        except (EOFError, OSError):
+            os._exit(0)
+        if request["op"] == "spawn":
+            (interp_fd,) = fds
+            if os.fork() == 0:
+                sock.close()
+                become_child([interp_fd], request["scratch"], uid)
+                interp_sock = socket.socket(fileno=interp_fd)
+                send_frame(interp_sock, {"hello": True})
+                serve_interpreter(interp_sock, fresh_globals())
+            os.close(interp_fd)
+        elif request["op"] == "reap":
+            statuses = {}
+            try:
+                while True:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                    if not pid:
+                        break
+                    statuses[str(pid)] = status
+            except ChildProcessError:
+                pass
+            send_frame(sock, {"statuses": statuses})
+            continue
+        send_frame(sock, {})
 
 
 # ---------------------------------------------------------------- inside an interpreter process
@@ -231,7 +359,7 @@ def serve_interpreter(sock, namespace):
                 sock.close()
                 os.setsid()
                 sock = socket.socket(fileno=new_sock_fd)
-                send_frame(sock, {"pid": os.getpid()})
+                send_frame(sock, {"hello": True})
                 continue
             os.close(new_sock_fd)
             os.waitpid(pid, 0)
@@ -241,8 +369,10 @@ def serve_interpreter(sock, namespace):
 
 
 class Interpreter:
-    def __init__(self, pid, sock, scratch):
+    def __init__(self, pid, sock, scratch, inner_pid=None):
         self.pid, self.sock, self.scratch = pid, sock, scratch
+        self.inner_pid = inner_pid or pid
+        """Its pid in its session's pid namespace, where the session's init reaps it."""
 
 
 class Zygote:
@@ -256,6 +386,7 @@ class Zygote:
         self.uid = config.get("uid")  # fallback mode only: drop to this uid in interpreters
         self.orphans = {}  # pid -> wait status of reaped processes (interpreters that died on their own)
         self.spare = None  # a fresh interpreter forked ahead of time, off the latency path
+        self.pid_namespaces = False  # one pid namespace per call and per session, when possible
 
     # ---- processes
 
@@ -292,7 +423,7 @@ class Zygote:
     def interpreters(self):
         found = [self.spare] if self.spare else []
         for session in self.sessions.values():
-            found += [session["live"], *session["snapshots"].values()]
+            found += [session.get("group"), session["live"], *session["snapshots"].values()]
         return [i for i in found if i is not None]
 
     def reap(self):
@@ -322,41 +453,68 @@ class Zygote:
             self.kill(interp)
         return self.spawn()
 
+    def fork(self):
+        """A child in its own pid namespace when the kernel lets us, else a plain fork."""
+        if self.pid_namespaces:
+            return fork_into_new_pid_namespace()
+        return os.fork()
+
     def spawn(self):
-        """Fork a fresh interpreter from the warm zygote."""
+        """Fork a fresh interpreter for a stateless call: pid 1 of its own pid namespace."""
         ours, theirs = socket.socketpair()
         scratch = self.new_scratch()
-        pid = os.fork()
+        pid = self.fork()
         if pid == 0:
             try:
-                # Only its own socket: not the host's, not other sessions'.
-                keep = theirs.fileno()
-                os.closerange(3, keep)
-                os.closerange(keep + 1, 1 << 16)
-                os.setsid()
-                signal.signal(signal.SIGINT, signal.default_int_handler)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os.chdir(scratch)
-                os.environ.update(HOME=scratch, TMPDIR=scratch)
-                if self.uid is not None:
-                    os.setgroups([])
-                    os.setgid(self.uid)
-                    os.setuid(self.uid)
+                become_child([theirs.fileno()], scratch, self.uid)
                 serve_interpreter(theirs, fresh_globals())
             finally:
                 os._exit(70)
         theirs.close()
         return Interpreter(pid, ours, scratch)
 
+    def start_group(self, session):
+        """The session's pid namespace: an init process that makes its interpreters."""
+        ours, theirs = socket.socketpair()
+        scratch = self.new_scratch()
+        pid = self.fork()
+        if pid == 0:
+            try:
+                become_child([theirs.fileno()], scratch, self.uid)
+                serve_group(theirs, self.uid)
+            finally:
+                os._exit(70)
+        theirs.close()
+        session["group"] = Interpreter(pid, ours, scratch)
+
+    def group_request(self, session, request, fds=()):
+        group = session["group"]
+        group.sock.settimeout(10)
+        send_frame(group.sock, request, fds)
+        reply, _ = recv_frame(group.sock)
+        group.sock.settimeout(None)
+        return reply
+
+    def session_interpreter(self, session):
+        """A fresh interpreter in the session's pid namespace (started on first use)."""
+        if session.get("group") is None or not is_running(session["group"].pid):
+            if session.get("group"):
+                self.kill(session["group"])
+            self.start_group(session)
+        ours, theirs = credentials_socketpair()
+        scratch = session["group"].scratch
+        self.group_request(session, {"op": "spawn", "scratch": scratch}, [theirs.fileno()])
+        theirs.close()
+        _, pid = recv_hello(ours)
+        return Interpreter(pid, ours, scratch, inner_pid(pid))
+
     def fork_interpreter(self, parent):
         """Ask an interpreter to fork a copy of itself (state and all) serving a new socket."""
-        ours, theirs = socket.socketpair()
+        ours, theirs = credentials_socketpair()
         send_frame(parent.sock, {"op": "fork"}, [theirs.fileno()])
         theirs.close()
-        ours.settimeout(10)
-        reply, _ = recv_frame(ours)
-        ours.settimeout(None)
-        return Interpreter(reply["pid"], ours, parent.scratch)
+        _, pid = recv_hello(ours)
+        return Interpreter(pid, ours, parent.scratch, inner_pid(pid))
 
     def kill(self, interp):
         """Kill an interpreter and its process group (its files go in the next `clean_files`)."""
@@ -372,7 +530,7 @@ class Zygote:
 
     # ---- one cell
 
-    def execute(self, interp, request):
+    def execute(self, interp, request, session=None):
         """Run a cell in `interp`, reading its output while it runs; decide the status here, outside it.
 
         A stateless call is complete when its process has exited (model code cannot fake that); a
@@ -480,7 +638,7 @@ class Zygote:
             if outcome.get("message"):
                 result["stderr"] += outcome["message"]
         elif verdict[0] == "exited":
-            status = self.wait_status(interp.pid)
+            status = self.wait_status(interp, session)
             if status is not None and os.WIFEXITED(status):
                 code = os.WEXITSTATUS(status)
                 result.update(status="ok" if code == 0 else "error", exit_code=code)
@@ -501,23 +659,23 @@ class Zygote:
             result["status"], result["reason"] = verdict
         return result, alive
 
-    def wait_status(self, pid):
+    def wait_status(self, interp, session):
+        """The wait status of an interpreter that ended: ours to wait for (a stateless call), or
+        collected by its session's init, which reaps on request."""
         for _ in range(200):
-            if pid in self.orphans:
-                return self.orphans.pop(pid)
-            try:
-                done, status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                # Not our child (a forked copy): it was reparented or reaped; poll the orphan table.
-                self.reap()
-                if pid in self.orphans:
-                    return self.orphans.pop(pid)
-                if not os.path.exists(f"/proc/{pid}"):
-                    return None
-                time.sleep(0.005)
-                continue
-            if done:
-                return status
+            if session is not None:
+                status = self.reap_group(session).get(str(interp.inner_pid))
+                if status is not None:
+                    return status
+            else:
+                try:
+                    done, status = os.waitpid(interp.pid, os.WNOHANG)
+                    if done:
+                        return status
+                except ChildProcessError:
+                    return self.orphans.pop(interp.pid, None)
+            if not os.path.exists(f"/proc/{interp.pid}"):
+                return None
             time.sleep(0.005)
         return None
 
@@ -537,9 +695,9 @@ class Zygote:
             return self.op_run(request)
         if op == "snapshot":
             session = self.session(request["session"])
-            if session["live"] is None:
-                session["live"] = self.fresh_interpreter()
             try:
+                if session["live"] is None:
+                    session["live"] = self.session_interpreter(session)
                 snapshot = self.fork_interpreter(session["live"])
             except (OSError, EOFError, ValueError, KeyError) as e:
                 return {"error": f"the interpreter could not be forked ({type(e).__name__})"}
@@ -559,26 +717,41 @@ class Zygote:
             if session["live"]:
                 self.kill(session["live"])
             session["live"] = new_live
+            self.reap_group(session)
             return {}
         if op == "release":
             session = self.sessions.get(request["session"])
             snapshot = session and session["snapshots"].pop(request["token"], None)
             if snapshot:
                 self.kill(snapshot)
+                self.reap_group(session)
             return {}
         if op == "close":
             session = self.sessions.pop(request["session"], None)
             if session:
-                for interp in [session["live"], *session["snapshots"].values()]:
+                for interp in [
+                    session.get("group"),
+                    session["live"],
+                    *session["snapshots"].values(),
+                ]:
                     if interp:
                         self.kill(interp)
             return {}
         if op == "ping":
-            return {"pids": len(descendants(os.getpid()))}
+            return {"pids": len(descendants(os.getpid())), "pid_namespaces": self.pid_namespaces}
         return {"error": f"unknown op {op!r}"}
 
     def session(self, sid):
-        return self.sessions.setdefault(sid, {"live": None, "snapshots": {}})
+        return self.sessions.setdefault(sid, {"group": None, "live": None, "snapshots": {}})
+
+    def reap_group(self, session):
+        """Let the session's init collect its dead processes; their wait statuses by inner pid."""
+        if session.get("group") and is_running(session["group"].pid):
+            try:
+                return self.group_request(session, {"op": "reap"}).get("statuses", {})
+            except (OSError, EOFError, ValueError):
+                pass
+        return {}
 
     def op_run(self, request):
         sid = request.get("session")
@@ -595,14 +768,15 @@ class Zygote:
             session["live"] = None
         fresh = session["live"] is None
         if fresh:
-            session["live"] = self.fresh_interpreter()
-        result, alive = self.execute(session["live"], request)
+            session["live"] = self.session_interpreter(session)
+        result, alive = self.execute(session["live"], request, session)
         result["session_started"] = fresh
         result["state_lost"] = had_state and fresh
         if not alive:
             # The interpreter is gone (timeout, kill, exit): the next cell starts from a fresh one.
             self.kill(session["live"])
             session["live"] = None
+            self.reap_group(session)
             result["state_lost"] = True
         return result
 
@@ -639,8 +813,9 @@ def descendants(root):
                 stat = f.read()
         except OSError:
             continue
-        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(name))
+        state, ppid = stat[stat.rindex(b")") + 2 :].split()[:2]
+        if state != b"Z":
+            children.setdefault(int(ppid), []).append(int(name))
     out, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -661,14 +836,31 @@ def count_tasks(uid):
     return total
 
 
-def is_running(pid):
-    """True unless the process is gone or a zombie (reading its stat works for any process we see)."""
+def inner_pid(pid):
+    """The pid of a process in its own (innermost) pid namespace, from /proc/<pid>/status."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    return pid
+
+
+def process_state(pid):
+    """(state letter, exit code field) from /proc/<pid>/stat; (None, None) when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"Z", b"X")
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None, None
+    return fields[0].decode(), int(fields[49]) if len(fields) > 49 else None
+
+
+def is_running(pid):
+    """True unless the process is gone or a zombie."""
+    return process_state(pid)[0] not in (None, "Z", "X")
 
 
 def listdir_paths(directory):
@@ -761,10 +953,22 @@ def signal_reason(sig):
         return f"signal {sig}"
 
 
+def pid_namespaces_work():
+    if SYS_CLONE is None:
+        return False
+    try:
+        pid = fork_into_new_pid_namespace()
+    except OSError:
+        return False
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return True
+
+
 def main():
     host_fd = int(sys.argv[1])
     config = json.loads(sys.argv[2])
-    libc = ctypes.CDLL(None, use_errno=True)
     # Not dumpable: model code (same uid) cannot ptrace the zygote or open its /proc/<pid>/fd.
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     # Fallback mode (not pid 1): orphans of model code are reparented here, where the sweep sees them.
@@ -783,7 +987,9 @@ def main():
     # Keep the preloaded objects out of the collector: forks then share their pages instead of copying.
     gc.freeze()
     os.makedirs(config["scratch_root"], exist_ok=True)
-    Zygote(socket.socket(fileno=host_fd), config).serve()
+    zygote = Zygote(socket.socket(fileno=host_fd), config)
+    zygote.pid_namespaces = pid_namespaces_work()
+    zygote.serve()
 
 
 if __name__ == "__main__":

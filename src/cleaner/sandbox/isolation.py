@@ -194,6 +194,9 @@ def bwrap_command(
         "--as-pid-1",
         "--new-session",
     ]
+    # A capability of the zygote only, inside the worker's user namespace (every process it forks
+    # drops it): CAP_SYS_ADMIN gives every call and session a pid namespace of its own.
+    cmd += ["--cap-add", "CAP_SYS_ADMIN"]
     cmd += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
     cmd += ["--tmpfs", "/", "--ro-bind", "/usr", "/usr"]
     for link in ("bin", "lib", "lib64", "sbin"):
