@@ -44,7 +44,9 @@ async def test_batched_sessions_of_different_lengths_match_full_forward_passes(
     engine = HFEngine(model, chatml_tokenizer, prefill_chunk=prefill_chunk)
     rng = random.Random(1)
     contexts = [random_ids(rng, n, len(chatml_tokenizer)) for n in (3, 40, 11, 25)]
-    params = [SamplingParams(max_new_tokens=n, seed=i) for i, n in enumerate((12, 5, 20, 9))]
+    params = [
+        SamplingParams(max_new_tokens=n, seed=i) for i, n in enumerate((12, 5, 100, 9))
+    ]  # 100: the cache outgrows its capacity
     generations = await asyncio.gather(
         *(
             engine.generate(f"s{i}", c, p)
@@ -226,6 +228,23 @@ async def test_closing_a_session_mid_generation_disturbs_no_other(model, chatml_
     await engine.close("a")
     assert (await closing).token_ids == (await other).token_ids
     assert (await engine.generate("a", context, params)).cached_tokens == 0
+
+
+async def test_after_a_weight_update_reset_prefix_cache_recomputes_everything(
+    model, chatml_tokenizer
+):
+    engine = HFEngine(model, chatml_tokenizer)
+    context = random_ids(random.Random(12), 10, len(chatml_tokenizer))
+    params = SamplingParams(max_new_tokens=3, seed=0)
+    await engine.generate("s", context, params)
+    with torch.no_grad():
+        model.model.layers[0].self_attn.k_proj.weight.mul_(2)  # the cached keys are stale now
+    model.train()  # as a trainer leaves it
+    engine.reset_prefix_cache()
+    generation = await engine.generate("s", context, params)
+    assert model.training  # the engine restores the mode it found
+    assert generation.cached_tokens == 0
+    assert_matches_reference(model.eval(), context, generation)
 
 
 async def test_parked_caches_beyond_the_budget_are_dropped_least_recently_used_first(
