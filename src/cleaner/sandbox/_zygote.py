@@ -277,7 +277,10 @@ def set_limits(limits):
     # as a soft limit (the wall-clock deadline is the real bound; this one stops threads left spinning).
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu = int(usage.ru_utime + usage.ru_stime + limits["timeout"]) + 2
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, resource.getrlimit(resource.RLIMIT_CPU)[1]))
+    # A stateless call's interpreter is pid 1 of its namespace and ignores SIGXCPU; the hard limit's
+    # SIGKILL still applies. A session keeps its hard limit open for later cells.
+    hard = cpu + 1 if limits.get("stateless") else resource.getrlimit(resource.RLIMIT_CPU)[1]
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, hard))
 
 
 def run_cell(code, out_fd, err_fd, namespace, limits, print_last_expr):
@@ -541,7 +544,9 @@ class Zygote:
         nonce = os.urandom(8).hex()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        limits = dict(request["limits"], nproc=self.nproc_limit(request["limits"]))
+        limits = dict(
+            request["limits"], nproc=self.nproc_limit(request["limits"]), stateless=stateless
+        )
         start = time.monotonic()
         run = {
             "op": "run",

@@ -1,14 +1,16 @@
 """How a worker is confined: the bubblewrap command line, a pids cgroup, or the rlimits-only fallback.
 
 Namespace mode (`namespaces`): each worker is `bwrap` with new user, pid, network, mount, IPC, UTS and
-cgroup namespaces, started as an unprivileged host uid (never as root: a sandbox uid that maps to host
-root passes root's file-permission checks, on /proc/sys and /proc/sysrq-trigger for instance); the zygote is pid 1 of its pid namespace (signals from model code cannot reach it,
-and every process dies with it); uid 65534 inside; a read-only root that holds only /usr, the Python
-installation and an empty /etc; a size-bounded tmpfs for scratch files and /dev/shm; no network at all
-(loopback is a fresh, empty one); a cleared environment; /proc/sys read-only. When the host is root and
-the Python installation is not reachable by other users (pyenv under /root), the launcher first
-bind-mounts it into a private mount namespace where the unprivileged uid can reach it. When cgroup v1 `pids` is writable (root), each
-worker also gets its own `pids.max`, because RLIMIT_NPROC does not apply to processes that map to root.
+cgroup namespaces, started as an unprivileged host uid, never as root (a sandbox uid that maps to host
+root passes root's file-permission checks: /proc/sys, /proc/sysrq-trigger). Inside: uid 65534; the
+zygote is pid 1 (signals from model code cannot reach it, and every process dies with it) and keeps
+CAP_SYS_ADMIN of the worker's user namespace to give each call and session its own pid namespace;
+a read-only root that holds only /usr, the Python installation and an empty /etc; a size-bounded
+tmpfs for scratch files and /dev/shm; no network at all (loopback is a fresh, empty one); a cleared
+environment; /proc/sys read-only. When the host is root and the Python installation is not reachable
+by other users (pyenv under /root), the launcher first bind-mounts it into a private mount namespace
+where the unprivileged uid can reach it. When cgroup v1 `pids` is writable, each worker also gets its
+own `pids.max`.
 
 Fallback (`rlimits`): no namespace tool works. The zygote runs as a plain process (its own session,
 a child subreaper so orphans stay visible, a scrubbed environment) and model code gets only the rlimits
