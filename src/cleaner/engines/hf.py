@@ -15,12 +15,16 @@ real tokens (tests/engines check this to 1e-5).
 Sessions. Between requests a session is parked: its keys and values are kept compact (real columns
 only) together with the token ids they were computed from. A new request keeps the longest common
 prefix of those ids and its context (always leaving at least one token to run, for the logits) and
-prefills the rest. Newly admitted requests are prefilled together in their own forward pass, then
-joined to the running batch; whenever the batch's membership changes (a request joins or finishes)
-the cache is repacked, which also removes all padding. Repacking copies the cache once; between
-repacks, steps append in place into spare capacity (`_GrowingLayer`).
+prefills the rest. Newly admitted requests are prefilled together in their own forward passes
+(chunked), then joined to the running batch: on CPU, a step where one request joins with 40 new
+tokens while 15 decode costs 6 ms this way against 32 ms in one mixed forward pass, where every
+decoding row is padded to 40 tokens (the embedded model's shape, 600 cached tokens). Whenever the
+batch's membership changes (a request joins or finishes) the cache is repacked, which also removes
+all padding. Repacking copies the cache once; between repacks, steps append in place into spare
+capacity (`_GrowingLayer`).
 
-Tested on CPU only; the code is device-agnostic (`device`, `dtype`), but CUDA is untested.
+Tested on CPU only; the code is device-agnostic (`device`, `dtype`), but CUDA is untested. The
+attention implementation must take a 4-D mask: `sdpa` (the default) or `eager`.
 """
 
 from __future__ import annotations
@@ -129,7 +133,6 @@ def _with_capacity(states: torch.Tensor, capacity: int) -> torch.Tensor:
 
 @dataclass(eq=False)
 class _Session:
-    name: str
     tokens: list[int] = field(default_factory=list)  # the ids whose keys and values we hold
     kv: KV | None = None  # those keys and values while the session is parked (no request running)
     latest: _Request | None = None  # the last request submitted
@@ -324,10 +327,9 @@ class HFEngine:
         self.stop_ids = frozenset(
             eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer)
         )
+        # transformers 5 renamed `past_key_values` to `cache`
         parameters = inspect.signature(model.forward).parameters
-        self._cache_kwarg = (
-            "cache" if "cache" in parameters else "past_key_values"
-        )  # 5.x renamed it
+        self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
 
         self._sessions: dict[str, _Session] = {}
         self._waiting: deque[_Request] = deque()
@@ -356,10 +358,8 @@ class HFEngine:
         context = list(context_ids)
         if not context:
             raise ValueError("the context must hold at least one token")
-        if not 0 <= min(context) <= max(context) < self.vocab_size:
-            raise ValueError(
-                f"token ids must lie in [0, {self.vocab_size})"
-            )  # else the batch fails
+        if not 0 <= min(context) <= max(context) < self.vocab_size:  # else the whole batch fails
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size})")
         budget = params.max_new_tokens
         if self.max_context is not None:
             budget = min(budget, self.max_context - len(context))
@@ -368,7 +368,7 @@ class HFEngine:
                     f"a context of {len(context)} tokens leaves no room in the model's window "
                     f"of {self.max_context}"
                 )
-        state = self._sessions.setdefault(session, _Session(session))
+        state = self._sessions.setdefault(session, _Session())
         if state.latest is not None and not state.latest.future.done():
             raise RuntimeError(f"session {session!r} already has a generation in flight")
         generator = None
@@ -388,7 +388,7 @@ class HFEngine:
         )
         state.latest = request
         self._waiting.append(request)
-        if self._scheduler is None:
+        if self._scheduler is None or self._scheduler.done():
             self._scheduler = asyncio.create_task(self._schedule())
         return await request.future
 
@@ -398,9 +398,8 @@ class HFEngine:
         if state is None:
             return
         state.closed = True
-        if (
-            state.running is None
-        ):  # else the scheduler still needs its token count; it drops the rest
+        # A running session's token count is still the scheduler's; its cache is dropped at the end.
+        if state.running is None:
             state.kv, state.tokens = None, []
 
     def reset_prefix_cache(self) -> None:
@@ -526,8 +525,9 @@ class HFEngine:
         """Park the request's session (on the event loop) and hand the caller its result."""
         state = r.session
         state.running = None
+        kv, r.kv_out = r.kv_out, None
         if not state.closed:
-            state.kv, r.kv_out = r.kv_out, None
+            state.kv = kv
             state.last_used = next(self._clock)
             self._evict()
         if not r.future.done():
