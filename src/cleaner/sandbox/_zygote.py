@@ -382,12 +382,13 @@ class Zygote:
     def __init__(self, host_sock, config):
         self.host = host_sock
         self.config = config
-        self.sessions = {}  # session id -> {"live": Interpreter | None, "snapshots": {token: Interpreter}}
+        # session id -> {"group": its init, "live": Interpreter | None, "snapshots": {token: Interpreter}}
+        self.sessions = {}
         self.next_token = 1
         self.next_scratch = 1
         self.scratch_root = config["scratch_root"]
         self.uid = config.get("uid")  # fallback mode only: drop to this uid in interpreters
-        self.orphans = {}  # pid -> wait status of reaped processes (interpreters that died on their own)
+        self.orphans = {}  # pid -> wait status of children reaped by a sweep during this request
         self.spare = None  # a fresh interpreter forked ahead of time, off the latency path
         self.pid_namespaces = False  # one pid namespace per call and per session, when possible
 
