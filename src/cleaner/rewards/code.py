@@ -472,6 +472,8 @@ def _ended_normally(result: ExecResult) -> bool:
 
 
 def _failure(result: ExecResult) -> str:
+    if result.status == "timeout":
+        return "timeout"
     if result.status == "ok":
         return f"exited with code {result.exit_code}" if result.exit_code is not None else ""
     return result.error_type or result.reason or result.status

@@ -1,7 +1,8 @@
-"""Score a JSONL file of responses (the math and mcq kinds of `cleaner score`)."""
+"""Score a JSONL file of responses (the math, mcq and code kinds of `cleaner score`)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 from collections.abc import Iterator
@@ -11,9 +12,10 @@ from typing import Any
 from cleaner.jsonl import RecordError, atomic_writer, dump_line, read_jsonl
 from cleaner.rewards.answer import Score
 from cleaner.rewards.choice import choice_letter, score_choice
+from cleaner.rewards.code import DEFAULT_TIMEOUT_S, score_code
 from cleaner.rewards.math import DEFAULT_WORKERS, MathVerifier, score_math, shared_verifier
 
-FILE_KINDS = ("math", "mcq")
+FILE_KINDS = ("math", "mcq", "code")
 _CHUNK = 256  # records in flight at once: enough to keep the workers busy, bounded memory
 
 
@@ -41,6 +43,12 @@ def _checked(path: str | os.PathLike, kind: str) -> Iterator[tuple[int, dict[str
     for lineno, record in read_jsonl(path):
         if not isinstance(record.get("response"), str):
             raise RecordError("missing or not a string", path=path, line=lineno, field="response")
+        if kind == "code":
+            problem = _tests_problem(record.get("tests"))
+            if problem:
+                raise RecordError(problem, path=path, line=lineno, field="tests")
+            yield lineno, record
+            continue
         answer = record.get("answer")
         if (
             isinstance(answer, bool)
@@ -60,6 +68,69 @@ def _checked(path: str | os.PathLike, kind: str) -> Iterator[tuple[int, dict[str
         yield lineno, {**record, "answer": str(answer)}
 
 
+def _tests_problem(tests: Any) -> str | None:
+    """What is wrong with a code record's `tests`, None if nothing."""
+    if not isinstance(tests, dict):
+        return "missing or not an object"
+    if tests.get("type") == "functional":
+        for key in ("entry_point", "test"):
+            if not isinstance(tests.get(key), str) or not tests[key].strip():
+                return f"a functional test needs a non-empty {key!r} string"
+        return None
+    if tests.get("type") == "stdio":
+        cases = tests.get("cases")
+        if not isinstance(cases, list) or not cases:
+            return "a stdio test needs a non-empty 'cases' list"
+        if not all(isinstance(c, dict) and {"input", "output"} <= c.keys() for c in cases):
+            return "every stdio case needs 'input' and 'output'"
+        return None
+    return "'type' must be functional or stdio"
+
+
+def _score_code_file(
+    in_path: str | os.PathLike, out_path: str | os.PathLike, timeout: float
+) -> dict[str, Any]:
+    from cleaner.sandbox import connect  # the service when CLEANER_SANDBOX_URL is set
+
+    count = correct = no_answer = timeouts = 0
+    total = 0.0
+    records = _checked(in_path, "code")
+
+    async def run() -> None:
+        nonlocal count, correct, no_answer, timeouts, total
+        async with connect() as sandbox:
+            with atomic_writer(out_path) as out:
+                while chunk := list(itertools.islice(records, _CHUNK)):
+                    scores = await asyncio.gather(
+                        *(
+                            score_code(r["response"], r["tests"], sandbox, timeout=timeout)
+                            for _, r in chunk
+                        )
+                    )
+                    for (_, record), score in zip(chunk, scores, strict=True):
+                        fields = {"correct": score.correct, "score": score.score}
+                        fields["reward"] = score.reward
+                        if score.note:
+                            fields["note"] = score.note
+                        out.write(dump_line({**record, **fields}))
+                        count += 1
+                        correct += score.correct
+                        total += score.score
+                        no_answer += score.predicted is None
+                        timeouts += "timeout" in score.note
+
+    asyncio.run(run())
+    return {
+        "kind": "code",
+        "count": count,
+        "correct": correct,
+        "accuracy": correct / count if count else 0.0,
+        "mean_score": total / count if count else 0.0,
+        "no_answer": no_answer,
+        "timeouts": timeouts,
+    }
+
+
 def score_file(
     in_path: str | os.PathLike,
     out_path: str | os.PathLike,
@@ -67,8 +138,14 @@ def score_file(
     *,
     workers: int = DEFAULT_WORKERS,
     verifier: MathVerifier | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
 ) -> dict[str, Any]:
     """Score every `{"id", "response", "answer"}` line of `in_path` into `out_path`.
+
+    `kind="code"` reads `{"id", "response", "tests"}` lines (tests as in `cleaner.data.problem`)
+    and runs them in the sandbox (the service when CLEANER_SANDBOX_URL is set, else an embedded
+    pool), `timeout` seconds a run: `score` is the fraction of tests passed, `correct` all of them,
+    `reward` that fraction or -1 without a python block; the summary adds `mean_score`.
 
     Output lines are the input lines, in order, with `correct`, `score` (1 or 0), `reward`
     (+1 / -1), `predicted` (the extracted answer, null if none) and, when wrong, `note` added.
@@ -78,6 +155,8 @@ def score_file(
     """
     if kind not in FILE_KINDS:
         raise ValueError(f"kind must be one of {', '.join(FILE_KINDS)}; got {kind!r}")
+    if kind == "code":
+        return _score_code_file(in_path, out_path, timeout)
     verifier = verifier or shared_verifier()
     count = correct = no_answer = timeouts = 0
     records = _checked(in_path, kind)
