@@ -91,8 +91,9 @@ async def _exec_calls(calls, out_path, limits, workers, isolation, progress, url
         groups[("session", call.session) if call.session is not None else ("call", index)].append(
             index
         )
-    in_flight = asyncio.Semaphore(2 * (len(getattr(sandbox, "workers", ())) or 8))
-    bar = _progress_bar(len(calls)) if progress else None
+    # Enough groups in flight to keep every worker busy; a remote service bounds itself.
+    in_flight = asyncio.Semaphore(2 * len(sandbox.workers) if isinstance(sandbox, Sandbox) else 64)
+    bar = ProgressBar(len(calls)) if progress else None
 
     async def run_group(key, indices: list[int]) -> None:
         async with in_flight:
@@ -124,16 +125,15 @@ async def _exec_calls(calls, out_path, limits, workers, isolation, progress, url
             else:
                 line.pop("session", None)
             out.write(dump_line(line))
-    isolation = getattr(getattr(sandbox, "isolation", None), "describe", lambda: "remote")()
     return {
         "calls": len(calls),
         "seconds": round(time.monotonic() - start, 3),
-        "isolation": isolation,
+        "isolation": results[0].isolation if results else None,
         "status": dict(counts),
     }
 
 
-class _progress_bar:
+class ProgressBar:
     """A rich progress bar on stderr (the caller decides whether it is a terminal)."""
 
     def __init__(self, total: int):

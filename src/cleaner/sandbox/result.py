@@ -44,14 +44,12 @@ class ExecResult:
 
     def to_dict(self) -> dict[str, Any]:
         """All fields; None and False flags are left out to keep JSONL lines short."""
-        out = {}
-        for key, value in asdict(self).items():
-            if key in ("status", "stdout", "stderr", "duration_s", "isolation") or value not in (
-                None,
-                False,
-            ):
-                out[key] = value
-        return out
+        always = ("status", "stdout", "stderr", "duration_s", "isolation")
+        return {
+            key: value
+            for key, value in asdict(self).items()
+            if key in always or (value is not None and value is not False)
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExecResult:

@@ -12,12 +12,15 @@ import contextlib
 import itertools
 import json
 import os
+import shutil
 import signal
 import socket
 import struct
+import subprocess
 from typing import Any
 
 from cleaner.sandbox.isolation import (
+    SANDBOX_ENV,
     Isolation,
     PidsCgroup,
     bwrap_command,
@@ -58,6 +61,8 @@ class Worker:
         self.writer: asyncio.StreamWriter | None = None
         self.cgroup: PidsCgroup | None = None
         self.fallback_scratch: str | None = None
+        self.preloaded: list[str] = []
+        """The modules the zygote imported (a missing one is skipped, not fatal)."""
         self.stderr_tail = b""
         self._stderr_task: asyncio.Task | None = None
 
@@ -85,8 +90,6 @@ class Worker:
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         else:
             cmd = fallback_command(child_sock.fileno(), config)
-            from cleaner.sandbox.isolation import SANDBOX_ENV
-
             env = dict(SANDBOX_ENV, HOME=scratch_root, TMPDIR=scratch_root)
         if self.isolation.cgroups:
             self.cgroup = PidsCgroup(f"cleaner-{os.getpid()}-{next(_worker_names)}", self.max_pids)
@@ -101,6 +104,10 @@ class Worker:
                 start_new_session=True,
                 preexec_fn=self._prepare_child,
             )
+        except (OSError, subprocess.SubprocessError) as e:
+            host_sock.close()
+            await self.kill()
+            raise WorkerDied(f"worker did not start: {e}") from e
         finally:
             child_sock.close()
         self._stderr_task = asyncio.create_task(self._keep_stderr_tail())
@@ -165,8 +172,6 @@ class Worker:
             self.cgroup.remove()
             self.cgroup = None
         if self.fallback_scratch:
-            import shutil
-
             await asyncio.to_thread(shutil.rmtree, self.fallback_scratch, True)
             self.fallback_scratch = None
         self.sessions.clear()
