@@ -84,4 +84,4 @@ def test_mcq_reference_must_be_a_letter(tmp_path):
 
 def test_unknown_kind(tmp_path):
     with pytest.raises(ValueError):
-        score_file(tmp_path / "in.jsonl", tmp_path / "out.jsonl", "code")
+        score_file(tmp_path / "in.jsonl", tmp_path / "out.jsonl", "essay")

@@ -103,7 +103,8 @@ _FENCE_CLOSE = re.compile(r"^\s*```\s*$")
 def last_python_block(response: str) -> str | None:
     """The last closed ```python (or ```py, ```python3) block of `response`, None if there is none.
 
-    A block cut off by the end of the response does not count: a truncated answer has not answered.
+    A response whose final block is cut off (no closing fence) has none: a truncated answer has not
+    answered, whatever it wrote earlier (as with a cut-off final `\\boxed{}`).
     """
     found = None
     lines = response.splitlines()
@@ -116,7 +117,7 @@ def last_python_block(response: str) -> str | None:
                     i = j
                     break
             else:
-                break  # unclosed: nothing after it can be a complete block
+                return None  # the final block is cut off: whatever came before was not the answer
         i += 1
     return found
 
@@ -574,10 +575,16 @@ async def run_tests(
     sandbox: AnySandbox,
     *,
     timeout: float = DEFAULT_TIMEOUT_S,
-    concurrency: int = 4,
+    concurrency: int | None = None,
     stop_after_timeout: bool = True,
 ) -> list[TestOutcome]:
-    """One outcome per test of `tests` (a functional test is one test)."""
+    """One outcome per test of `tests` (a functional test is one test).
+
+    Stdio cases run `concurrency` at a time (default: the embedded sandbox's worker count, else 4),
+    so that a timeout is seen before more cases start when `stop_after_timeout` skips them.
+    """
+    if concurrency is None:
+        concurrency = len(sandbox.workers) if isinstance(sandbox, Sandbox) else 4
     kind = tests.get("type")
     if kind == "functional":
         return [await _functional(sandbox, program, tests, timeout)]
