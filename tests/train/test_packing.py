@@ -45,38 +45,37 @@ def test_packed_rows_give_each_sequence_its_own_logprobs(model, attn):
     model.config._attn_implementation = attn
     seqs = sequences([5, 17, 9, 30, 4, 12, 3])
     batches = pack(seqs, max_tokens=70)
-    # rows as wide as the longest sequence (30): [5, 17], [9], [30], [4, 12, 3]; two rows a batch
-    assert [mb.lengths for mb in batches] == [[[5, 17], [9]], [[30], [4, 12, 3]]]
+    # rows as wide as the longest (30), first-fit decreasing: [30], [17, 12], [9, 5, 4, 3]; two rows a batch
+    assert [mb.lengths for mb in batches] == [[[30], [17, 12]], [[9, 5, 4, 3]]]
+    assert [mb.order for mb in batches] == [[3, 1, 5], [2, 0, 4, 6]]
     assert all(mb.tokens <= 70 for mb in batches)
-    got = []
+    got = {}
     with torch.no_grad():
         for mb in batches:
             lp, _ = forward_logprobs(model, mb)
-            got += [
-                piece[:-1] for piece in mb.split(lp)
-            ]  # a sequence's last position predicts nothing
-    for s, g in zip(seqs, got, strict=True):
-        torch.testing.assert_close(g, alone(model, s), atol=1e-5, rtol=1e-5)
-    flat = torch.arange(sum(len(s) for s in seqs), dtype=torch.float32).split(
-        [len(s) for s in seqs]
-    )
-    joined = [mb.join(list(flat[:3]) if i == 0 else list(flat[3:])) for i, mb in enumerate(batches)]
-    assert [p.tolist() for i, mb in enumerate(batches) for p in mb.split(joined[i])] == [
-        p.tolist() for p in flat
-    ]
+            for i, piece in zip(mb.order, mb.split(lp), strict=True):
+                got[i] = piece[:-1]  # a sequence's last position predicts nothing
+    for i, s in enumerate(seqs):
+        torch.testing.assert_close(got[i], alone(model, s), atol=1e-5, rtol=1e-5)
+    for mb in batches:  # join is the inverse of split
+        pieces = [torch.full((len(seqs[i]),), float(i)) for i in mb.order]
+        assert [p.tolist() for p in mb.split(mb.join(pieces))] == [p.tolist() for p in pieces]
 
 
 def test_padded_batches_agree_with_packed(model):
     model.config._attn_implementation = "sdpa"
-    seqs = sequences([6, 11, 3 + 5])
+    seqs = sequences([6, 11, 8])
     (padded,) = pad(seqs, batch_size=3)
     (packed,) = pack(seqs, max_tokens=1000)
     with torch.no_grad():
-        lp_pad, _ = forward_logprobs(model, padded)
-        lp_pack, _ = forward_logprobs(model, packed)
-    flat_pad = lp_pad[padded.loss_mask.bool()]
-    flat_pack = lp_pack[packed.loss_mask.bool()]
-    torch.testing.assert_close(flat_pad, flat_pack, atol=1e-5, rtol=1e-5)
+        by_pad = dict(
+            zip(padded.order, padded.split(forward_logprobs(model, padded)[0]), strict=True)
+        )
+        by_pack = dict(
+            zip(packed.order, packed.split(forward_logprobs(model, packed)[0]), strict=True)
+        )
+    for i in range(len(seqs)):
+        torch.testing.assert_close(by_pad[i][:-1], by_pack[i][:-1], atol=1e-5, rtol=1e-5)
     assert (
         padded.loss_mask.sum() == packed.loss_mask.sum() == sum(sum(s.loss_mask[1:]) for s in seqs)
     )
@@ -85,11 +84,11 @@ def test_padded_batches_agree_with_packed(model):
 def test_targets_are_shifted_and_the_boundary_is_masked():
     seqs = sequences([4, 5, 9])
     (mb,) = pack(seqs, max_tokens=100)
-    assert mb.lengths == [[4, 5], [9]]
-    assert mb.targets[0, :3].tolist() == seqs[0].token_ids[1:]
-    assert mb.loss_mask[0, 3].item() == 0  # last token of a sequence never predicts the next one
-    assert mb.advantages[0].tolist() == [0.0] * 4 + [1.0] * 5
-    assert mb.position_ids[0].tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 4]
+    assert mb.lengths == [[9], [5, 4]] and mb.order == [2, 1, 0]
+    assert mb.targets[1, :4].tolist() == seqs[1].token_ids[1:]
+    assert mb.loss_mask[1, 4].item() == 0  # last token of a sequence never predicts the next one
+    assert mb.advantages[1].tolist() == [1.0] * 5 + [0.0] * 4
+    assert mb.position_ids[1].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3]
 
 
 def test_from_trajectory_marks_grafted_tokens():

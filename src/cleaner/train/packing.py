@@ -57,7 +57,9 @@ class MicroBatch:
     behavior_logprobs: torch.Tensor
     advantages: torch.Tensor
     lengths: list[list[int]]
-    """The lengths of the sequences in each row, in order."""
+    """The lengths of the sequences in each row, in layout order."""
+    order: list[int]
+    """For each sequence in layout order, its index in the list that was packed."""
 
     @property
     def sequences(self) -> int:
@@ -68,14 +70,14 @@ class MicroBatch:
         return int(self.input_ids.numel())
 
     def split(self, values: torch.Tensor) -> list[torch.Tensor]:
-        """Per-token [rows, time] values cut into one 1-D tensor per sequence, in order."""
+        """Per-token [rows, time] values cut into one 1-D tensor per sequence, in layout order."""
         out = []
         for r, row in enumerate(self.lengths):
             out.extend(values[r, : sum(row)].split(row))
         return out
 
     def join(self, pieces: list[torch.Tensor]) -> torch.Tensor:
-        """The inverse of `split`: per-sequence 1-D tensors laid out as this batch's [rows, time]."""
+        """The inverse of `split`: per-sequence 1-D tensors (layout order) as this batch's [rows, time]."""
         out = torch.zeros(self.input_ids.shape, dtype=pieces[0].dtype, device=pieces[0].device)
         k = 0
         for r, row in enumerate(self.lengths):
@@ -126,7 +128,10 @@ def _row(seqs: list[TrainSequence], length: int | None = None) -> dict[str, list
 
 
 def _tensors(
-    rows: list[dict[str, list]], lengths: list[list[int]], with_attention_mask: bool
+    rows: list[dict[str, list]],
+    lengths: list[list[int]],
+    indices: list[list[int]],
+    with_attention_mask: bool,
 ) -> MicroBatch:
     def stack(key, dtype):
         return torch.tensor([r[key] for r in rows], dtype=dtype)
@@ -141,39 +146,43 @@ def _tensors(
         behavior_logprobs=stack("behavior_logprobs", torch.float32),
         advantages=stack("advantages", torch.float32),
         lengths=lengths,
+        order=[i for row in indices for i in row],
     )
 
 
 def pack(seqs: list[TrainSequence], max_tokens: int) -> list[MicroBatch]:
-    """Pack sequences, in order, into rows as long as the longest sequence, and rows into
-    micro-batches of at most `max_tokens` (at least one row each).
+    """Pack sequences into rows as wide as the longest sequence (first-fit decreasing), and rows into
+    micro-batches of at most `max_tokens` (at least one row each). `MicroBatch.order` maps each
+    packed sequence back to its index in `seqs`.
 
     Rows are capped at the longest sequence because attention without a variable-length kernel
     (SDPA, eager) costs the square of the row length whatever the block-diagonal mask hides: rows of
     about one sequence's length keep that cost at the padded batch's, while the rest of the model
-    (projections, MLP, logits) no longer runs on padding. Order is kept, so the result depends only
-    on the input.
+    (projections, MLP, logits) no longer runs on padding. The layout depends only on the lengths.
     """
     if not seqs:
         return []
     width = max(len(s) for s in seqs)
-    rows: list[list[TrainSequence]] = [[]]
-    used = 0
-    for s in seqs:
-        if rows[-1] and used + len(s) > width:
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(seqs)), key=lambda i: (-len(seqs[i]), i)):
+        slot = next((r for r, free in enumerate(room) if free >= len(seqs[i])), None)
+        if slot is None:
             rows.append([])
-            used = 0
-        rows[-1].append(s)
-        used += len(s)
+            room.append(width)
+            slot = len(rows) - 1
+        rows[slot].append(i)
+        room[slot] -= len(seqs[i])
     per_batch = max(1, max_tokens // width)
     out = []
-    for i in range(0, len(rows), per_batch):
-        chunk = rows[i : i + per_batch]
+    for b in range(0, len(rows), per_batch):
+        chunk = [[seqs[i] for i in row] for row in rows[b : b + per_batch]]
         length = max(sum(len(s) for s in row) for row in chunk)
         out.append(
             _tensors(
                 [_row(row, length) for row in chunk],
                 [[len(s) for s in row] for row in chunk],
+                [list(row) for row in rows[b : b + per_batch]],
                 with_attention_mask=False,
             )
         )
@@ -181,7 +190,7 @@ def pack(seqs: list[TrainSequence], max_tokens: int) -> list[MicroBatch]:
 
 
 def pad(seqs: list[TrainSequence], batch_size: int) -> list[MicroBatch]:
-    """Padded micro-batches of `batch_size` sequences each (right padding, attention mask)."""
+    """Padded micro-batches of `batch_size` sequences each, in order (right padding, attention mask)."""
     out = []
     for i in range(0, len(seqs), batch_size):
         chunk = seqs[i : i + batch_size]
@@ -190,6 +199,7 @@ def pad(seqs: list[TrainSequence], batch_size: int) -> list[MicroBatch]:
             _tensors(
                 [_row([s], length) for s in chunk],
                 [[len(s)] for s in chunk],
+                [[i + j] for j in range(len(chunk))],
                 with_attention_mask=True,
             )
         )

@@ -399,13 +399,14 @@ class Trainer:
 
     def _logprobs_per_sequence(self, model, sequences: list[TrainSequence]) -> list[torch.Tensor]:
         """Each sequence's target log-probs under `model` (no gradient), as a list of 1-D tensors."""
-        out = []
+        out: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
         with torch.no_grad(), self._autocast():
             for mb in pack(sequences, self.cfg.train.micro_batch_tokens):
                 logprobs, _ = forward_logprobs(
                     model, mb.to(self.device), self.cfg.rollout.temperature
                 )
-                out.extend(mb.split(logprobs.float().cpu()))
+                for i, piece in zip(mb.order, mb.split(logprobs.float().cpu()), strict=True):
+                    out[i] = piece
         return out
 
     def _update_once(self, batches, old, ref) -> dict[str, float]:
@@ -593,12 +594,8 @@ def resume(
 
 
 def _layout(batches, per_sequence: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Per-sequence 1-D tensors laid out like `batches` (their rows, in order)."""
-    out, k = [], 0
-    for mb in batches:
-        out.append(mb.join(per_sequence[k : k + mb.sequences]))
-        k += mb.sequences
-    return out
+    """Per-sequence 1-D tensors (indexed as the packed list) laid out like each of `batches`."""
+    return [mb.join([per_sequence[i] for i in mb.order]) for mb in batches]
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
