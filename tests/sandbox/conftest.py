@@ -46,8 +46,11 @@ def processes_with(marker: bytes) -> list[int]:
 def leftovers() -> list[str]:
     """Files the sandbox may create on the host: cgroups and fallback scratch directories."""
     mine = f"cleaner-{os.getpid()}-"
-    cgroups = Path("/sys/fs/cgroup/pids")
-    found = [str(p) for p in cgroups.glob(mine + "*")] if cgroups.is_dir() else []
+    found = [
+        str(p)
+        for controller in ("pids", "memory")
+        for p in Path("/sys/fs/cgroup", controller).glob(mine + "*")
+    ]
     found += [str(p) for p in Path(tempfile.gettempdir()).glob(f"cleaner-sandbox-{os.getpid()}-*")]
     return found
 

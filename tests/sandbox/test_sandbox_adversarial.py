@@ -378,3 +378,36 @@ def test_model_code_has_no_capabilities(sb):
     assert sb.run(code).stdout == "0 0\n"
     assert sb.run(code, session="caps").stdout == "0 0\n"
     sb.close_session("caps")
+
+
+def test_many_processes_cannot_exceed_the_workers_memory():
+    from cleaner.sandbox import Limits, SyncSandbox
+
+    with SyncSandbox(
+        workers=1, limits=Limits(timeout=30, memory_mb=512), worker_memory_mb=768
+    ) as sandbox:
+        if "memory" not in sandbox.sandbox.isolation.cgroups:
+            pytest.skip("no writable memory cgroup here")
+        assert sandbox.run("pass").ok
+        generation = sandbox.sandbox.workers[0].generation
+        # Six processes holding 256 MiB each: each is under RLIMIT_AS, together far over 768 MiB.
+        code = """
+import os, time
+pids = []
+for _ in range(6):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            block = bytearray(256 << 20)
+            time.sleep(2)
+        finally:
+            os._exit(0)
+    pids.append(pid)
+print(sorted(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids))
+"""
+        r = sandbox.run(code)
+        assert r.status in ("ok", "killed")
+        if r.ok:
+            assert "-9" in r.stdout  # the kernel killed some of them
+        assert sandbox.run("print('alive')").stdout == "alive\n"
+        assert sandbox.sandbox.workers[0].generation == generation  # the zygote survived

@@ -171,6 +171,12 @@ def become_child(keep_fds, scratch, uid):
         highest = fd + 1
     os.closerange(highest, 1 << 16)
     drop_capabilities()
+    # When the worker's memory cgroup is full, the kernel should kill model code, not the zygote.
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
     os.setsid()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

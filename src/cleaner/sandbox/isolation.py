@@ -1,4 +1,4 @@
-"""How a worker is confined: the bubblewrap command line, a pids cgroup, or the rlimits-only fallback.
+"""How a worker is confined: the bubblewrap command line, cgroups, or the rlimits-only fallback.
 
 Namespace mode (`namespaces`): each worker is `bwrap` with new user, pid, network, mount, IPC, UTS and
 cgroup namespaces, started as an unprivileged host uid, never as root (a sandbox uid that maps to host
@@ -9,8 +9,8 @@ a read-only root that holds only /usr, the Python installation and an empty /etc
 tmpfs for scratch files and /dev/shm; no network at all (loopback is a fresh, empty one); a cleared
 environment; /proc/sys read-only. When the host is root and the Python installation is not reachable
 by other users (pyenv under /root), the launcher first bind-mounts it into a private mount namespace
-where the unprivileged uid can reach it. When cgroup v1 `pids` is writable, each worker also gets its
-own `pids.max`.
+where the unprivileged uid can reach it. When cgroup v1 is writable, each worker also gets its own
+`pids` and `memory` groups (`WorkerCgroup`).
 
 Fallback (`rlimits`): no namespace tool works. The zygote runs as a plain process (its own session,
 a child subreaper so orphans stay visible, a scrubbed environment) and model code gets only the rlimits
@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 ZYGOTE = Path(__file__).with_name("_zygote.py")
 SANDBOX_UID = 65534
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
-PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_CONTROLLERS = ("pids", "memory")
 
 LEVELS = ("auto", "namespaces", "none")
 """What a caller asks for: `auto` (namespaces when they work, else the fallback with a warning),
@@ -146,7 +147,8 @@ class Isolation:
     level: str
     bwrap: str | None = None
     launch: Launch = Launch()
-    cgroups: bool = False
+    cgroups: tuple[str, ...] = ()
+    """The cgroup v1 controllers each worker gets a group of (`pids`, `memory`), when writable."""
     uid: int | None = None
     """Fallback only: the uid interpreters switch to, when one is usable."""
 
@@ -259,14 +261,18 @@ def _namespace_isolation_cached(bwrap: str) -> Isolation | None:
 
 
 @functools.cache
-def cgroups_writable() -> bool:
-    probe = PIDS_CGROUP / f"cleaner-probe-{os.getpid()}"
-    try:
-        probe.mkdir()
-        probe.rmdir()
-        return True
-    except OSError:
-        return False
+def cgroups_writable() -> tuple[str, ...]:
+    """The cgroup v1 controllers we may make groups in (root, or a delegated hierarchy)."""
+    writable = []
+    for controller in CGROUP_CONTROLLERS:
+        probe = CGROUP_ROOT / controller / f"cleaner-probe-{os.getpid()}"
+        try:
+            probe.mkdir()
+            probe.rmdir()
+            writable.append(controller)
+        except OSError:
+            pass
+    return tuple(writable)
 
 
 def fallback_uid() -> int | None:
@@ -305,22 +311,44 @@ def choose(isolation: str = "auto") -> Isolation:
     return chosen
 
 
-class PidsCgroup:
-    """A cgroup v1 `pids` group for one worker, removed when the worker is gone."""
+class WorkerCgroup:
+    """cgroup v1 groups (pids, memory) for one worker, removed when the worker is gone.
 
-    def __init__(self, name: str, max_pids: int):
-        self.path = PIDS_CGROUP / name
-        self.path.mkdir(exist_ok=True)
-        (self.path / "pids.max").write_text(str(max_pids))
+    The pids group bounds fork bombs whatever uid they run as; the memory group bounds the worker's
+    total, which per-process RLIMIT_AS cannot (64 processes of 2 GiB each). When it is reached the
+    kernel kills a process in the group, preferably model code (its oom_score_adj is raised).
+    """
+
+    def __init__(self, name: str, controllers: tuple[str, ...], *, max_pids: int, memory_mb: int):
+        settings = {
+            "pids": ("pids.max", str(max_pids)),
+            "memory": ("memory.limit_in_bytes", str(memory_mb << 20)),
+        }
+        self.paths = []
+        for controller in controllers:
+            path = CGROUP_ROOT / controller / name
+            path.mkdir(exist_ok=True)
+            self.paths.append(path)
+            file, value = settings[controller]
+            (path / file).write_text(value)
 
     def enter(self) -> None:
         """Move the calling process in; runs in the child between fork and exec."""
-        with open(self.path / "cgroup.procs", "w") as f:
-            f.write("0")
+        for path in self.paths:
+            with open(path / "cgroup.procs", "w") as f:
+                f.write("0")
+
+    def processes(self) -> set[int]:
+        pids: set[int] = set()
+        for path in self.paths:
+            with contextlib.suppress(OSError):
+                pids.update(int(p) for p in (path / "cgroup.procs").read_text().split())
+        return pids
 
     def remove(self) -> None:
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
+        for path in self.paths:
+            with contextlib.suppress(OSError):
+                path.rmdir()
 
 
 def scratch_dir_for_fallback() -> str:

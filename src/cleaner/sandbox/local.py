@@ -72,13 +72,24 @@ class Sandbox:
         preload: tuple[str, ...] = ("numpy", "sympy"),
         scratch_mb: int = 256,
         max_pids: int = 1024,
+        worker_memory_mb: int | None = None,
     ):
         self.isolation: Isolation = choose(isolation)
         self.limits = limits or Limits()
         self.print_last_expr = print_last_expr
         size = workers or os.cpu_count() or 1
+        if worker_memory_mb is None:
+            # Three quarters of the machine, shared by the workers; never less than one call's limit.
+            physical_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
+            worker_memory_mb = max(physical_mb * 3 // 4 // size, self.limits.memory_mb + 512)
         self.workers = [
-            Worker(self.isolation, preload=preload, scratch_mb=scratch_mb, max_pids=max_pids)
+            Worker(
+                self.isolation,
+                preload=preload,
+                scratch_mb=scratch_mb,
+                max_pids=max_pids,
+                memory_mb=worker_memory_mb,
+            )
             for _ in range(size)
         ]
         self._sessions: dict[str, _Session] = {}

@@ -22,7 +22,7 @@ from typing import Any
 from cleaner.sandbox.isolation import (
     SANDBOX_ENV,
     Isolation,
-    PidsCgroup,
+    WorkerCgroup,
     bwrap_command,
     fallback_command,
     scratch_dir_for_fallback,
@@ -44,12 +44,20 @@ class Worker:
     """A zygote in its sandbox, serving one request at a time (callers hold `lock`)."""
 
     def __init__(
-        self, isolation: Isolation, *, preload: tuple[str, ...], scratch_mb: int, max_pids: int
+        self,
+        isolation: Isolation,
+        *,
+        preload: tuple[str, ...],
+        scratch_mb: int,
+        max_pids: int,
+        memory_mb: int,
     ):
         self.isolation = isolation
         self.preload = preload
         self.scratch_mb = scratch_mb
         self.max_pids = max_pids
+        self.memory_mb = memory_mb
+        """The whole worker's memory bound (its cgroup), when cgroups are writable."""
         self.lock = asyncio.Lock()
         self.pending = 0
         """Callers waiting for or holding the lock: the pool sends new work to the least loaded."""
@@ -59,7 +67,7 @@ class Worker:
         self.process: asyncio.subprocess.Process | None = None
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
-        self.cgroup: PidsCgroup | None = None
+        self.cgroup: WorkerCgroup | None = None
         self.fallback_scratch: str | None = None
         self.preloaded: list[str] = []
         """The modules the zygote imported (a missing one is skipped, not fatal)."""
@@ -92,7 +100,12 @@ class Worker:
             cmd = fallback_command(child_sock.fileno(), config)
             env = dict(SANDBOX_ENV, HOME=scratch_root, TMPDIR=scratch_root)
         if self.isolation.cgroups:
-            self.cgroup = PidsCgroup(f"cleaner-{os.getpid()}-{next(_worker_names)}", self.max_pids)
+            self.cgroup = WorkerCgroup(
+                f"cleaner-{os.getpid()}-{next(_worker_names)}",
+                self.isolation.cgroups,
+                max_pids=self.max_pids,
+                memory_mb=self.memory_mb,
+            )
         try:
             self.process = await asyncio.create_subprocess_exec(
                 *cmd,
@@ -179,12 +192,8 @@ class Worker:
     async def _empty_cgroup(self) -> None:
         """In fallback mode processes can outlive the zygote; the cgroup finds them all."""
         assert self.cgroup
-        procs = self.cgroup.path / "cgroup.procs"
         for _ in range(200):
-            try:
-                pids = [int(p) for p in procs.read_text().split()]
-            except OSError:
-                return
+            pids = self.cgroup.processes()
             if not pids:
                 return
             for pid in pids:
