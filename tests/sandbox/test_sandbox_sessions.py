@@ -188,6 +188,7 @@ async def test_async_snapshot_api():
         await sandbox.close_session("s")
 
 
+@pytest.mark.slow
 def test_opening_and_closing_1000_sessions_leaks_nothing(sb):
     workers = sb.sandbox.workers
 

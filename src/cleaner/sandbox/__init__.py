@@ -37,15 +37,16 @@ How it works: each worker is a zygote, a Python process that imported (and exerc
 sympy once and forks a fresh interpreter per stateless call, so a fresh state costs a fork, not an
 interpreter start; a session is a long-lived fork, a snapshot a fork of that. In namespace mode each
 worker runs in bubblewrap (user, pid, network, mount, IPC, UTS namespaces; started as an unprivileged
-host uid, uid 65534 inside; read-only root with only /usr and the Python installation; a size-bounded
-scratch tmpfs; no network; a cleared environment; a pids cgroup when writable), the zygote is pid 1
-of the worker, and every call and every session gets a pid namespace of its own: model code cannot
-see or signal another trajectory's processes, and everything it started dies with the call (or with
-the session); after every call the zygote also kills any process that is not an interpreter. Model
-code runs without capabilities, under rlimits (address space 2 GiB by default, CPU, file size, open
-files, processes; the stack is left alone) with one BLAS thread. Where namespaces do not work,
-`isolation="auto"` falls back to rlimits + setsid + a separate uid with a loud warning; every result
-says which level was in force (see `cleaner.sandbox.isolation`).
+host uid, uid 65534 inside; read-only root with only /usr and the Python installation; a
+size-bounded scratch tmpfs; no network; a cleared environment; pids and memory cgroups when
+writable), the zygote is pid 1 of the worker, and every call and every session gets a pid namespace
+of its own: model code cannot see or signal another trajectory's processes, and everything it
+started dies with the call (or with the session); after every call the zygote also kills any
+process that is not an interpreter. Model code runs without capabilities, under rlimits (address
+space 2 GiB by default, CPU, file size, open files, processes; the stack is left alone) with one
+BLAS thread. Where namespaces do not work, `isolation="auto"` falls back to rlimits + setsid + a
+separate uid with a loud warning; every result says which level was in force (see
+`cleaner.sandbox.isolation`).
 
 Who decides a verdict: the zygote, which model code cannot signal (pid 1 ignores them), trace or
 read (not dumpable), and the host above it, which kills the whole worker when the zygote misses its
