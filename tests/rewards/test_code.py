@@ -330,6 +330,7 @@ FUNCTIONAL_ATTACKS = {
     "def double(x):\n    return Anything()\n",
     "an int subclass equal to everything": "class Liar(int):\n"
     "    def __eq__(self, other):\n        return True\n"
+    "    def __sub__(self, other):\n        return 0\n"
     "    __hash__ = int.__hash__\n"
     "def double(x):\n    return Liar(0)\n",
     "a fake PASS marker printed": "print('PASS')\nprint('all tests passed')\n" + WRONG_DOUBLE,
@@ -347,13 +348,27 @@ FUNCTIONAL_ATTACKS = {
     "    if 'check' in namespace:\n"
     "        namespace['check'] = lambda candidate: None\n"
     "builtins.exec = exec_without_asserts\n" + WRONG_DOUBLE,
-    "the test's own check replaced after it is defined": "import sys\n"
-    "def double(x):\n    return x + 1\n"
+    "a trace hook that skips check's asserts": "import sys\n"
+    "def double(x):\n    return 2 * x if isinstance(x, float) else x + 1\n"
     "def tracer(frame, event, arg):\n"
-    "    if frame.f_code.co_name == 'check' and event == 'call':\n"
-    "        raise StopIteration\n"
-    "    return None\n"
+    "    if frame.f_code.co_name != 'check':\n        return None\n"
+    "    def lines(frame, event, arg):\n"
+    "        if event == 'line' and frame.f_lineno == 2:\n"
+    "            frame.f_lineno = 4  # jump to the one assert this answer passes\n"
+    "        return lines\n"
+    "    return lines\n"
     "sys.settrace(tracer)\n",
+}
+
+
+# Attacks whose program run completes "successfully" (its own check passes, or is skipped): only the
+# replayed check, with no model code in its process, catches them.
+CAUGHT_BY_REPLAY = {
+    "builtins the test uses patched",
+    "an always-equal result",
+    "an int subclass equal to everything",
+    "check replaced through the caller's namespace",
+    "a trace hook that skips check's asserts",
 }
 
 
@@ -361,6 +376,8 @@ FUNCTIONAL_ATTACKS = {
 def test_functional_attacks_do_not_pass(sb, attack):
     score = score_code_sync(fenced(FUNCTIONAL_ATTACKS[attack]), DOUBLE, sb, timeout=3)
     assert not score.correct and score.score == 0.0, (attack, score.note)
+    stage = "replayed check" if attack in CAUGHT_BY_REPLAY else "program run"
+    assert f"test 0: {stage}: " in score.note, (attack, score.note)
 
 
 def test_functional_attacks_are_real_tricks(sb):

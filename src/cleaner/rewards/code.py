@@ -554,10 +554,10 @@ async def _functional(
     )
     # Run 1 is untrusted in the pass direction only: anything but a normal end is a failure.
     if record.status != "ok" or record.exit_code is not None:
-        return TestOutcome(False, record.status, _failure(record))
+        return TestOutcome(False, record.status, "program run: " + _failure(record))
     payload = _marked_line(record.stdout, marker)
     if payload is None or record.stdout_truncated:
-        return TestOutcome(False, record.status, "no record of the calls")
+        return TestOutcome(False, record.status, "program run: no record of the calls")
     replay = await _run(
         sandbox,
         _harness(_REPLAY_HARNESS, "_cleaner_replay", prefix, str(tests["test"]), payload),
@@ -566,7 +566,7 @@ async def _functional(
     # Run 2 ran no model code: its own completion is the verdict.
     if replay.status == "ok" and replay.exit_code is None and replay.error_type is None:
         return TestOutcome(True, "ok")
-    return TestOutcome(False, replay.status, _failure(replay) or "check failed")
+    return TestOutcome(False, replay.status, "replayed check: " + (_failure(replay) or "failed"))
 
 
 async def run_tests(

@@ -14,6 +14,7 @@ from cleaner.rewards.answer import Score
 from cleaner.rewards.choice import choice_letter, score_choice
 from cleaner.rewards.code import DEFAULT_TIMEOUT_S, score_code
 from cleaner.rewards.math import DEFAULT_WORKERS, MathVerifier, score_math, shared_verifier
+from cleaner.sandbox import connect
 
 FILE_KINDS = ("math", "mcq", "code")
 _CHUNK = 256  # records in flight at once: enough to keep the workers busy, bounded memory
@@ -90,17 +91,20 @@ def _tests_problem(tests: Any) -> str | None:
 def _score_code_file(
     in_path: str | os.PathLike, out_path: str | os.PathLike, timeout: float
 ) -> dict[str, Any]:
-    from cleaner.sandbox import connect  # the service when CLEANER_SANDBOX_URL is set
-
     count = correct = no_answer = timeouts = 0
     total = 0.0
     records = _checked(in_path, "code")
 
     async def run() -> None:
         nonlocal count, correct, no_answer, timeouts, total
-        async with connect() as sandbox:
+        # The first chunk is read (and checked) before a sandbox starts; an empty file needs none.
+        chunk = list(itertools.islice(records, _CHUNK))
+        if not chunk:
+            with atomic_writer(out_path):
+                return
+        async with connect() as sandbox:  # the service when CLEANER_SANDBOX_URL is set
             with atomic_writer(out_path) as out:
-                while chunk := list(itertools.islice(records, _CHUNK)):
+                while chunk:
                     scores = await asyncio.gather(
                         *(
                             score_code(r["response"], r["tests"], sandbox, timeout=timeout)
@@ -118,6 +122,7 @@ def _score_code_file(
                         total += score.score
                         no_answer += score.predicted is None
                         timeouts += "timeout" in score.note
+                    chunk = list(itertools.islice(records, _CHUNK))
 
     asyncio.run(run())
     return {
