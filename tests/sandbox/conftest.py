@@ -84,3 +84,13 @@ def nothing_left_behind():
     yield
     assert sandbox_processes() == [], "sandbox processes left running after the tests"
     assert leftovers() == [], "files left on the host after the sandbox tests"
+
+
+@pytest.fixture
+def require_namespaces(sb):
+    """Skip attacks that are only safe, or only contained, with namespace isolation: on the fallback
+    level they would reach the host (kill(-1) as root, a disk fill in the host's /tmp)."""
+    if sb.sandbox.isolation.level != "namespaces":
+        pytest.skip(
+            f"needs namespace isolation; this machine gives {sb.sandbox.isolation.describe()}"
+        )

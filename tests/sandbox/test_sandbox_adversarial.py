@@ -17,6 +17,8 @@ import pytest
 
 from .conftest import processes_with
 
+namespaces_only = pytest.mark.usefixtures("require_namespaces")
+
 
 def assert_healthy(sb):
     r = sb.run("print(sum(range(10)))")
@@ -31,10 +33,11 @@ def test_infinite_loop_times_out(sb):
 
 
 def test_infinite_loop_keeps_output_printed_before_it(sb):
-    r = sb.run("print('started', flush=True)\nwhile True: pass", timeout=0.5)
+    r = sb.run("print('started', flush=True)\nwhile True: pass", timeout=1.5)
     assert r.status == "timeout" and r.stdout == "started\n"
 
 
+@namespaces_only
 def test_fork_bomb_is_contained(sb):
     code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
     r = sb.run(code, timeout=1.0)
@@ -90,6 +93,7 @@ print('parent done')
     assert r.stdout == "[]\n"
 
 
+@namespaces_only
 def test_no_network_not_even_host_loopback(sb):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -111,6 +115,7 @@ def test_no_network_not_even_host_loopback(sb):
     assert r.status == "error"
 
 
+@namespaces_only
 def test_writes_outside_scratch_fail(sb, tmp_path):
     target = tmp_path / "escape.txt"
     for path in ("/usr/escape", "/etc/escape", "/escape", str(target), "/proc/sys/kernel/hostname"):
@@ -125,6 +130,7 @@ def test_writes_outside_scratch_fail(sb, tmp_path):
     assert r.ok and r.stdout == "kept\n"
 
 
+@namespaces_only
 def test_scratch_files_do_not_leak_between_calls(sb):
     assert sb.run("open('/tmp/leak', 'w').write('x'); open('mine', 'w').write('x')").ok
     r = sb.run(
@@ -133,6 +139,7 @@ def test_scratch_files_do_not_leak_between_calls(sb):
     assert r.stdout == "False False []\n"
 
 
+@namespaces_only
 def test_host_files_are_not_visible(sb, tmp_path):
     (tmp_path / "answers.txt").write_text("42")
     paths = [str(tmp_path / "answers.txt"), os.getcwd(), "/home", "/etc/passwd", "/etc/shadow"]
@@ -140,6 +147,7 @@ def test_host_files_are_not_visible(sb, tmp_path):
     assert r.stdout == "[False, False, False, False, False]\n"
 
 
+@namespaces_only
 @pytest.mark.parametrize(
     "code",
     [
@@ -163,6 +171,7 @@ def test_killing_the_parent_or_group_gives_a_result(sb, code):
     sb.close_session("bystander")
 
 
+@namespaces_only
 def test_signals_cannot_reach_host_processes(sb):
     sleeper = os.spawnv(os.P_NOWAIT, "/bin/sleep", ["sleep", "30"])
     try:
@@ -221,6 +230,7 @@ def test_file_descriptor_exhaustion(sb):
     assert_healthy(sb)
 
 
+@namespaces_only
 def test_disk_fill_is_bounded_and_freed(sb):
     # One big file hits RLIMIT_FSIZE; many smaller ones fill the size-bounded scratch tmpfs (64 MiB).
     r = sb.run("with open('big', 'wb') as f:\n    while True:\n        f.write(bytes(1 << 20))")
@@ -276,6 +286,7 @@ def test_environment_is_scrubbed(sb):
         del os.environ["CLEANER_TEST_SECRET"]
 
 
+@namespaces_only
 def test_harness_tampering_cannot_forge_a_verdict(sb):
     # Write a fake "everything fine" frame on every open descriptor, then hang: still a timeout.
     code = """
@@ -308,6 +319,7 @@ def test_results_report_isolation(sb):
     assert r.isolation.split("+")[0] in ("namespaces", "rlimits")
 
 
+@namespaces_only
 def test_many_concurrent_attacks_then_all_healthy(sb):
     attacks = [
         "while True: pass",
