@@ -238,6 +238,48 @@ class _TrainDisplay:
         )
 
 
+@app.command()
+def compare(
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="dotted overrides for every run: train.steps=20")
+    ] = None,
+    config_file: Annotated[
+        Path | None, typer.Option("--config", help="recipe; default: the embedded tiny run")
+    ] = None,
+    output: Annotated[
+        Path,
+        typer.Option("-o", "--output", help="folder for the runs, compare.json and compare.png"),
+    ] = Path("runs/compare"),
+    seeds: Annotated[int, typer.Option(help="seeds per variant")] = 3,
+) -> None:
+    """CLEANER vs the same run without SAAR vs SFT on purified trajectories, several seeds each."""
+    from cleaner.train.compare import run_all
+
+    try:
+        summary = run_all(
+            recipe_path(config_file or Path("tiny")),
+            output,
+            list(range(seeds)),
+            overrides or [],
+            log=lambda m: err.print(m, highlight=False),
+        )
+    except (ConfigError, RecordError, FileNotFoundError) as e:
+        raise fail(str(e)) from None
+    table = Table(
+        "variant",
+        f"final {summary['accuracy_metric']}",
+        "tool failures / traj",
+        "steps to baseline's final accuracy",
+        title=f"{output} ({seeds} seeds, mean ± sd)",
+    )
+    for name, row in summary["table"].items():
+        (acc, acc_sd), (fail_mean, fail_sd) = row["final_accuracy"], row["final_tool_failures"]
+        reach = ", ".join("-" if r is None else str(r) for r in row["steps_to_baseline_final"])
+        table.add_row(name, f"{acc:.3f} ± {acc_sd:.3f}", f"{fail_mean:.3f} ± {fail_sd:.3f}", reach)
+    out.print(table)
+    out.print(f"figure: {output / 'compare.png'}; numbers: {output / 'compare.json'}")
+
+
 # --- bootstrap, rollout, eval -----------------------------------------------------------------------
 
 
