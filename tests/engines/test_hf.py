@@ -208,6 +208,17 @@ async def test_generation_stops_at_max_new_tokens(chatml_tokenizer):
     assert generation.text == "(print(print("
 
 
+async def test_generation_stops_at_the_end_of_the_context_window(model, chatml_tokenizer):
+    engine = HFEngine(model, chatml_tokenizer)
+    window = model.config.max_position_embeddings
+    context = random_ids(random.Random(13), window - 3, len(chatml_tokenizer))
+    near_the_end = await engine.generate("s", context, SamplingParams(max_new_tokens=10, seed=0))
+    assert (near_the_end.finish_reason, len(near_the_end.token_ids)) == ("length", 3)
+    full = context + near_the_end.token_ids
+    at_the_end = await engine.generate("s", full, SamplingParams(max_new_tokens=10, seed=0))
+    assert (at_the_end.finish_reason, at_the_end.token_ids) == ("length", [])
+
+
 async def test_close_forgets_the_session(model, chatml_tokenizer):
     engine = HFEngine(model, chatml_tokenizer)
     context = random_ids(random.Random(8), 10, len(chatml_tokenizer))

@@ -56,17 +56,18 @@ class SamplingParams:
 class Generation:
     """One sampled continuation of a context.
 
-    `logprobs[i]` is the log-probability of `token_ids[i]` under log_softmax(logits / temperature),
-    taken before top-k and top-p truncation: exactly what a trainer recomputes from the model's logits
-    at the same temperature. (For greedy decoding, temperature 0, it is log_softmax(logits).)
+        `logprobs[i]` is the log-probability of `token_ids[i]` under log_softmax(logits / temperature),
+        taken before top-k and top-p truncation: exactly what a trainer recomputes from the model's logits
+        at the same temperature. (For greedy decoding, temperature 0, it is log_softmax(logits).)
 
-    `finish_reason`: `eos` (the last token is an end-of-sequence token; it is in `token_ids` and has
-    a log-prob, since the model must learn to stop, but its text is not in `text`), `call` (a complete
-    tool call was generated; `text` may run a few characters past its end when the closing marker
-    ends inside a token), or `length` (`max_new_tokens` or the model's context window was reached).
+        `finish_reason`: `eos` (the last token is an end-of-sequence token; it is in `token_ids` and has
+        a log-prob, since the model must learn to stop, but its text is not in `text`), `call` (a complete
+        tool call was generated; `text` may run a few characters past its end when the closing marker
+        ends inside a token), or `length` (`max_new_tokens` or the model's context window was reached;
+    with no tokens at all when the context already fills the window).
 
-    `cached_tokens` + `prefill_tokens` == len(context): how many context tokens were reused from what
-    the engine held for the session, and how many it had to compute for this request.
+        `cached_tokens` + `prefill_tokens` == len(context): how many context tokens were reused from what
+        the engine held for the session, and how many it had to compute for this request.
     """
 
     token_ids: list[int]

@@ -363,11 +363,8 @@ class HFEngine:
         budget = params.max_new_tokens
         if self.max_context is not None:
             budget = min(budget, self.max_context - len(context))
-            if budget < 1:
-                raise ValueError(
-                    f"a context of {len(context)} tokens leaves no room in the model's window "
-                    f"of {self.max_context}"
-                )
+            if budget < 1:  # the context fills the model's window: a truncated trajectory
+                return Generation([], [], "", "length")
         state = self._sessions.setdefault(session, _Session())
         if state.latest is not None and not state.latest.future.done():
             raise RuntimeError(f"session {session!r} already has a generation in flight")
