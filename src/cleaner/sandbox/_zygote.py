@@ -117,7 +117,9 @@ def fork_into_new_pid_namespace():
     """fork(), but the child is pid 1 of a new pid namespace (raw clone, with Python's fork hooks).
 
     Model code in one call or session then cannot see or signal the processes of another, and all
-    its processes die with it. Needs CAP_SYS_ADMIN, which only the zygote has.
+    its processes die with it. Needs CAP_SYS_ADMIN, which only the zygote has. (os.fork cannot do
+    it: after unshare(CLONE_NEWPID) every later child would join the same namespace.) glibc's cached
+    thread id in the child is the parent's; in namespace mode both are pid 1, so it is right.
     """
     ctypes.pythonapi.PyOS_BeforeFork()
     pid = libc.syscall(SYS_CLONE, CLONE_NEWPID | signal.SIGCHLD, 0, 0, 0, 0)
