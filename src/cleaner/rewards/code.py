@@ -58,6 +58,8 @@ Limits, stated plainly:
   constants, or by parsing the test) and returns the expected values passes. Closing that needs
   the calls and the expected values separated, which HumanEval-style tests do not allow in general.
   Stdio and fn_name tests do not have this limit.
+- Stdio cases shown in the prompt as examples (LiveCodeBench's public cases) can be passed by a
+  program that prints them by input, as in LiveCodeBench itself; the hidden cases cannot.
 - Program functions the test calls (HumanEval's `poly`, `encode_cyclic`, given in the prompt and
   re-submitted by the model) are trusted for their results exactly as in the original harness.
 - Replay is by call order and encoded arguments: a test whose calls depend on unseeded randomness
@@ -67,14 +69,20 @@ Limits, stated plainly:
 - A program the test references only as a class (`Solution` used directly) cannot be replayed and
   fails; entry points such as `Solution().twoSum` work.
 - Time: each run is bounded by the timeout (default 6 s; the sandbox kills past it). A functional
-  test costs at most two runs. Stdio cases run concurrently; once one case times out, the cases not
-  yet started are counted as failed without running (`stop_after_timeout`, on by default), so a
-  program that hangs costs about `timeout` times the concurrency, not times the number of cases.
+  test costs at most two runs (a hanging program: one timeout). Stdio cases run as many at a time
+  as the embedded sandbox has workers; once one case times out, the cases not yet started are
+  counted as failed without running (`stop_after_timeout`, on by default), so a program that hangs
+  costs about one timeout of wall time, not one per case. The price: a program that is only too
+  slow on one case loses the cases after it too.
+
+A failing score's `note` says how many tests passed and why the first failure failed; for a
+functional test it names the deciding run (`program run: ...` or `replayed check: ...`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import math
 import os
@@ -457,6 +465,8 @@ def values_match(got: Any, want: Any) -> bool:
 
 @dataclass(frozen=True)
 class TestOutcome:
+    __test__ = False  # not a pytest class
+
     passed: bool
     status: str
     """The sandbox status of the deciding run (`ok`, `error`, `timeout`, `killed`), or `skipped`."""
@@ -659,6 +669,7 @@ def shared_sandbox() -> SyncSandbox:
     with _shared_lock:
         if _shared is None:
             _shared = SyncSandbox()
+            atexit.register(close_shared_sandbox)
         return _shared
 
 
