@@ -809,9 +809,11 @@ class Zygote:
             except Exception as e:  # noqa: BLE001 - a harness bug must reach the host, not hang it
                 reply = {"error": f"{type(e).__name__}: {e}"}
             send_frame(self.host, reply)
-            # Clean up and prepare the next interpreter while the host reads the reply.
-            self.sweep()
-            self.clean_files()
+            # Clean up and prepare the next interpreter while the host reads the reply. Only a cell
+            # or a session's end can leave processes or files behind; snapshots and restores do not.
+            if request["op"] in ("run", "close"):
+                self.sweep()
+                self.clean_files()
             if self.spare is None:
                 self.spare = self.spawn()
 
