@@ -195,6 +195,17 @@ def test_serve_runs_a_service_until_interrupted(tmp_path):
         )
         with urllib.request.urlopen(request, timeout=30) as response:
             assert json.load(response)["stdout"] == "9\n"
+        # `cleaner exec` against the service: the same lines as embedded.
+        source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+        write_jsonl(
+            source,
+            [
+                {"id": "a", "code": "x = 2", "session": "s"},
+                {"id": "b", "code": "print(x + 1)", "session": "s"},
+            ],
+        )
+        exec_file(source, out, url=f"http://127.0.0.1:{port}")
+        assert [line["stdout"] for line in read_jsonl(out)] == ["", "3\n"]
     finally:
         server.send_signal(signal.SIGINT)
         assert server.wait(timeout=30) is not None

@@ -12,7 +12,7 @@ from typing import Any
 from cleaner.jsonl import RecordError, atomic_writer, dump_line, read_jsonl
 from cleaner.sandbox.local import Limits, Sandbox
 from cleaner.sandbox.result import ExecResult
-from cleaner.sandbox.service import RemoteSandbox
+from cleaner.sandbox.sync import connect
 
 
 @dataclass
@@ -62,7 +62,7 @@ def exec_file(
     """Run IN's records and write OUT (atomically): one line per input id, in input order.
 
     Lines of one session run in order in one interpreter; sessions and stateless calls run in
-    parallel. Returns a summary: {"calls", "seconds", "isolation", "status": {status: count}}.
+    parallel. With `url` (or CLEANER_SANDBOX_URL set) the calls go to that sandbox service. Returns a summary: {"calls", "seconds", "isolation", "status": {status: count}}.
     """
     calls = read_calls(in_path)
     return asyncio.run(
@@ -80,10 +80,7 @@ def exec_file(
 
 async def _exec_calls(calls, out_path, limits, workers, isolation, progress, url) -> dict[str, Any]:
     start = time.monotonic()
-    if url:
-        sandbox: Sandbox | RemoteSandbox = RemoteSandbox(url)
-    else:
-        sandbox = Sandbox(workers=workers, isolation=isolation, limits=limits)
+    sandbox = connect(url, workers=workers, isolation=isolation, limits=limits)
     results: list[ExecResult | None] = [None] * len(calls)
     # A group is one session's calls (in order) or one stateless call.
     groups: dict[Any, list[int]] = collections.defaultdict(list)
