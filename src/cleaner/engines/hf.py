@@ -35,6 +35,7 @@ import inspect
 import itertools
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -343,6 +344,7 @@ class HFEngine:
         self._waiting: deque[_Request] = deque()
         self._running = _Batch.pack([], [], self.device)
         self._scheduler: asyncio.Task | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self._clock = itertools.count()
 
     @classmethod
@@ -425,8 +427,10 @@ class HFEngine:
                     r.abandoned = r.future.cancelled()
                 try:
                     # The forward passes run off the event loop, so tools and other coroutines
-                    # proceed meanwhile; only this task touches the batch.
-                    done = await asyncio.to_thread(self._step, admitted)
+                    # proceed meanwhile, on the engine's own thread: one step at a time, never
+                    # queued behind other work.
+                    loop = asyncio.get_running_loop()
+                    done = await loop.run_in_executor(self._thread, self._step, admitted)
                 except Exception as error:
                     self._fail(running + admitted, error)
                     continue
