@@ -37,16 +37,19 @@ async def test_one_session_matches_a_full_forward_pass(model, chatml_tokenizer):
         assert (generation.cached_tokens, generation.prefill_tokens) == (0, len(context))
 
 
-@pytest.mark.parametrize("prefill_chunk", [2048, 4])  # 4: prompts are prefilled in pieces
+@pytest.mark.parametrize(
+    "attention, prefill_chunk",
+    [("sdpa", 2048), ("sdpa", 4), ("eager", 2048)],  # 4: prompts are prefilled in pieces
+)
 async def test_batched_sessions_of_different_lengths_match_full_forward_passes(
-    model, chatml_tokenizer, prefill_chunk
+    model, chatml_tokenizer, attention, prefill_chunk
 ):
+    model.set_attn_implementation(attention)
     engine = HFEngine(model, chatml_tokenizer, prefill_chunk=prefill_chunk)
     rng = random.Random(1)
     contexts = [random_ids(rng, n, len(chatml_tokenizer)) for n in (3, 40, 11, 25)]
-    params = [
-        SamplingParams(max_new_tokens=n, seed=i) for i, n in enumerate((12, 5, 100, 9))
-    ]  # 100: the cache outgrows its capacity
+    # 100 new tokens: that row outgrows the cache's spare capacity
+    params = [SamplingParams(max_new_tokens=n, seed=i) for i, n in enumerate((12, 5, 100, 9))]
     generations = await asyncio.gather(
         *(
             engine.generate(f"s{i}", c, p)
