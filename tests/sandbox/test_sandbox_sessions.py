@@ -231,3 +231,27 @@ def test_exit_of_a_restored_interpreter_is_reported_exactly(sb):
     sb.restore(sid, token)
     assert sb.run("print(x)", session=sid).stdout == "1\n"
     sb.close_session(sid)
+
+
+async def test_saar_flows_in_parallel_keep_their_own_state():
+    """What online SAAR does, for several trajectories at once: snapshot before every call, restore
+    and retry after a failure, release when the call succeeded."""
+    async with Sandbox(workers=2, limits=Limits(timeout=10)) as sandbox:
+
+        async def trajectory(k: int) -> list[str]:
+            sid = f"saar{k}"
+            await sandbox.run(f"total = {k}", session=sid)
+            outputs = []
+            for step in range(3):
+                token = await sandbox.snapshot(sid)
+                failed = await sandbox.run(f"total += 1000\nraise ValueError({step})", session=sid)
+                assert failed.error_type == "ValueError" and failed.line == 2
+                await sandbox.restore(sid, token)
+                fixed = await sandbox.run("total += 1\nprint(total)", session=sid)
+                outputs.append(fixed.stdout)
+                await sandbox.release(sid, token)
+            await sandbox.close_session(sid)
+            return outputs
+
+        results = await asyncio.gather(*(trajectory(k) for k in range(6)))
+        assert results == [[f"{k + 1}\n", f"{k + 2}\n", f"{k + 3}\n"] for k in range(6)]
