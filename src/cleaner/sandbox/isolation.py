@@ -320,6 +320,7 @@ class WorkerCgroup:
     """
 
     def __init__(self, name: str, controllers: tuple[str, ...], *, max_pids: int, memory_mb: int):
+        remove_stale_cgroups(controllers)
         settings = {
             "pids": ("pids.max", str(max_pids)),
             "memory": ("memory.limit_in_bytes", str(memory_mb << 20)),
@@ -351,7 +352,23 @@ class WorkerCgroup:
                 path.rmdir()
 
 
+@functools.cache
+def remove_stale_cgroups(controllers: tuple[str, ...]) -> None:
+    """Remove the empty groups of sandboxes whose process is gone (killed before it cleaned up)."""
+    for controller in controllers:
+        for path in (CGROUP_ROOT / controller).glob("cleaner-*-*"):
+            owner = path.name.split("-")[1]
+            if owner.isdigit() and not Path("/proc", owner).exists():
+                with contextlib.suppress(OSError):
+                    path.rmdir()  # fails, harmlessly, while processes are still inside
+
+
 def scratch_dir_for_fallback() -> str:
+    """A host directory for the fallback's scratch files; stale ones of dead sandboxes go first."""
+    for stale in Path(tempfile.gettempdir()).glob("cleaner-sandbox-*-*"):
+        owner = stale.name.split("-")[2]
+        if owner.isdigit() and not Path("/proc", owner).exists():
+            shutil.rmtree(stale, ignore_errors=True)
     path = tempfile.mkdtemp(prefix=f"cleaner-sandbox-{os.getpid()}-")
     os.chmod(path, 0o711)
     return path
