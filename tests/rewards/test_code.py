@@ -20,7 +20,7 @@ from cleaner.rewards import (
     score_problem,
     score_problem_async,
 )
-from cleaner.rewards.code import outputs_match, values_match
+from cleaner.rewards.code import outputs_match, seal_test, values_match
 from cleaner.sandbox import Sandbox, SyncSandbox
 
 
@@ -361,22 +361,16 @@ FUNCTIONAL_ATTACKS = {
 }
 
 
-# Attacks whose program run completes "successfully" (its own check passes, or is skipped): only the
-# replayed check, with no model code in its process, catches them.
-CAUGHT_BY_REPLAY = {
-    "builtins the test uses patched",
-    "an always-equal result",
-    "an int subclass equal to everything",
-    "check replaced through the caller's namespace",
-    "a trace hook that skips check's asserts",
-}
+# Early exits are caught in the program run (it did not complete); everything else completes it,
+# and only the replayed check, with no model code in its process, catches it.
+EXITS = {name for name in FUNCTIONAL_ATTACKS if "exit" in name.lower()}
 
 
 @pytest.mark.parametrize("attack", list(FUNCTIONAL_ATTACKS))
 def test_functional_attacks_do_not_pass(sb, attack):
     score = score_code_sync(fenced(FUNCTIONAL_ATTACKS[attack]), DOUBLE, sb, timeout=3)
     assert not score.correct and score.score == 0.0, (attack, score.note)
-    stage = "replayed check" if attack in CAUGHT_BY_REPLAY else "program run"
+    stage = "program run" if attack in EXITS else "replayed check"
     assert f"test 0: {stage}: " in score.note, (attack, score.note)
 
 
@@ -445,26 +439,82 @@ def test_fn_name_attacks_do_not_pass(sb):
     assert score_code_sync(fenced("def add(a, b):\n    return a + b"), tests, sb).correct
 
 
-def test_known_limit_a_program_that_reads_the_test_passes(sb):
-    """Documented limit (module docstring): the functional test runs in the program's process, so a
-    program that reads the expected value out of `check`'s code can return it. Stdio and fn_name
-    tests do not have this limit: their expected outputs never enter the sandbox."""
-    reader = (
-        "import sys, dis\n"
-        "def double(x):\n"
-        "    caller = sys._getframe(1)\n"
-        "    while caller.f_code.co_name != 'check':\n"
-        "        caller = caller.f_back\n"
-        "    ops = list(dis.get_instructions(caller.f_code))\n"
-        "    here = next(i for i, op in enumerate(ops) if op.offset >= caller.f_lasti)\n"
-        "    for op in ops[here:]:\n"
-        "        if op.opname == 'LOAD_CONST' and isinstance(op.argval, (int, float)):\n"
-        "            return op.argval\n"
-    )
+CONSTANT_READER = (
+    "import sys, dis\n"
+    "def double(x):\n"
+    "    caller = sys._getframe(1)\n"
+    "    while caller.f_code.co_name != 'check':\n"
+    "        caller = caller.f_back\n"
+    "    ops = list(dis.get_instructions(caller.f_code))\n"
+    "    here = next(i for i, op in enumerate(ops) if op.offset >= caller.f_lasti)\n"
+    "    for op in ops[here:]:\n"
+    "        if op.opname == 'LOAD_CONST' and isinstance(op.argval, (int, float)):\n"
+    "            return op.argval\n"
+)
+
+
+def test_expected_values_of_asserts_never_enter_the_program_run(sb):
+    """`check`'s asserts are sealed: the program run gets only their calls, so a program that reads
+    the expected value out of `check`'s code finds nothing to return."""
     tests = {
         "type": "functional",
         "entry_point": "double",
         "test": "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(-3) == -6\n",
+    }
+    assert not score_code_sync(fenced(CONSTANT_READER), tests, sb).correct
+
+
+def test_seal_test():
+    test = (
+        "def helper(f):\n    return f(1) == 2\n"
+        "def check(candidate):\n"
+        "    assert candidate(2) == 4, 'message'\n"
+        "    for x in range(3):\n"
+        "        assert abs(candidate(x) - 2 * x) < 1e-9\n"
+        "    assert is_same(candidate(head=make([1])), make([9]))\n"
+        "    assert poly([1, 2], candidate(1)) == 0\n"
+        "    assert helper(candidate)\n"
+        "    assert all(candidate(x) == 2 * x for x in range(3))\n"
+    )
+    sealed = seal_test(test, prefix="def make(v): ...\ndef is_same(a, b): ...\n")
+    assert sealed.splitlines()[3:] == [
+        "def check(candidate):",
+        "    candidate(2)",
+        "    for x in range(3):",
+        "        candidate(x)",
+        "    candidate(head=make([1]))",
+        "    poly([1, 2], candidate(1))",  # a program function (not the test's, prefix's or builtin)
+        "    assert helper(candidate)",  # the candidate passed as a value: kept whole
+        "    assert all((candidate(x) == 2 * x for x in range(3)))",  # calls in a comprehension
+    ]
+    assert seal_test("not python (") == "not python ("
+
+
+def test_replay_matches_calls_made_in_another_order(sb):
+    # The program run calls both sides of `or`; the check stops at the first.
+    tests = {
+        "type": "functional",
+        "entry_point": "double",
+        "test": "def check(candidate):\n"
+        "    assert candidate(1) == 2 or candidate(5) == 0\n"
+        "    assert candidate(3) + candidate(3) == 12\n",
+    }
+    assert score_code_sync(fenced("def double(x):\n    return 2 * x"), tests, sb).correct
+
+
+def test_known_limit_expected_values_held_outside_asserts_can_be_read(sb):
+    """Documented limit (module docstring): what `check` computes outside its asserts runs in the
+    program's process, so a program can read an expected value held in a variable. Stdio and
+    fn_name tests do not have this limit: their expected outputs never enter the sandbox."""
+    reader = (
+        "import sys\n"
+        "def double(x):\n"
+        "    return sys._getframe(1).f_back.f_locals['expected']\n"  # recorder, then check
+    )
+    tests = {
+        "type": "functional",
+        "entry_point": "double",
+        "test": "def check(candidate):\n    expected = 4\n    assert candidate(2) == expected\n",
     }
     assert score_code_sync(fenced(reader), tests, sb).correct
 

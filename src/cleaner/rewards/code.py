@@ -35,16 +35,21 @@ anything to stdout. Nothing that the process running model code says is taken as
 
 - stdio and fn_name: the expected outputs never enter the sandbox. The host compares stdout (data)
   with them, so the only way to pass is to print the right answer; exiting early prints nothing.
-- functional, in two runs. Run 1 ("record", untrusted) executes the prefix, the program and the test,
-  with the candidate and every program function the test calls wrapped so that each top-level call's
-  arguments (before and after the call) and result are written out as plain data (None, bool, int,
-  float, str, bytes, complex, list, tuple, set, dict, and instances of user classes by class name
-  and attributes; anything else is "unencodable"). Run 2 ("replay", trusted: no model code in it)
-  executes the prefix and the test in a fresh process where the candidate and those functions are
-  stubs that check each call against the recorded sequence and return the recorded result, rebuilt
-  from data: an always-equal object comes back as an instance of a class run 2 does not know (the
-  call raises), an `int` subclass is not an `int`, and user-class instances are rebuilt as the
-  prefix's or test's own class (its `__eq__`, not the model's). The verdict is run 2's: its check
+- functional, in two runs. Run 1 ("record", untrusted) executes the prefix, the program and the
+  test SEALED on the host (`seal_test`): each assert of `check` is reduced to the program calls it
+  makes (`assert abs(candidate(x) - 0.5) < 1e-6` becomes `candidate(x)`), so the values asserts
+  compare with never enter this process; an assert that cannot be split honestly (the candidate
+  passed as a value, calls inside a comprehension) is kept whole. The candidate and every program
+  function the test calls are wrapped so that each top-level call's arguments (before and after the
+  call) and result are written out as plain data (None, bool, int, float, str, bytes, complex, list,
+  tuple, set, dict, and instances of user classes by class name and attributes; anything else is
+  "unencodable"). Run 2 ("replay", trusted: no model code in it) executes the prefix and the
+  original test in a fresh process where the candidate and those functions are stubs that look each
+  call up among the recorded ones (by name and encoded arguments, in recorded order among equal
+  calls) and return the recorded result, rebuilt from data: an always-equal object comes back as
+  an instance of a class run 2 does not know (the call raises), an `int` subclass is not an `int`,
+  and user-class instances are rebuilt as the prefix's or test's own class (its `__eq__`, not the
+  model's). The verdict is run 2's: its check
   completed (status ok, no exit code, no error). Run 2 keeps the real builtins and the prefix's
   definitions even when the program rebinds those names, and imports only standard-library modules
   named by run 1. Run 1 must also have completed normally, or run 2 is skipped (a failure).
@@ -53,19 +58,19 @@ anything to stdout. Nothing that the process running model code says is taken as
 
 Limits, stated plainly:
 
-- The functional test's source and expected values are in run 1's process (the test has to run
-  there to produce the calls). A program that reads them (from its caller's frame, from `check`'s
-  constants, or by parsing the test) and returns the expected values passes. Closing that needs
-  the calls and the expected values separated, which HumanEval-style tests do not allow in general.
-  Stdio and fn_name tests do not have this limit.
+- What `check` computes outside its asserts, and asserts kept whole, run in run 1's process (they
+  produce the calls): an expected value held there (`expected = ...`, HumanEval/38's loop variable)
+  can be read by a program from its caller's frame and returned, and that passes. Values written
+  in the asserts themselves cannot be read this way. Stdio and fn_name tests have no such limit.
 - Stdio cases shown in the prompt as examples (LiveCodeBench's public cases) can be passed by a
   program that prints them by input, as in LiveCodeBench itself; the hidden cases cannot.
 - Program functions the test calls (HumanEval's `poly`, `encode_cyclic`, given in the prompt and
   re-submitted by the model) are trusted for their results exactly as in the original harness.
-- Replay is by call order and encoded arguments: a test whose calls depend on unseeded randomness
-  is seeded (`random.seed(0)` before the test, in both runs; the global random state is saved and
-  restored around each recorded call so the model's own use of `random` does not shift it). Tests
-  that inspect identity, or objects that cannot be encoded, fail even for a correct program.
+- Replay is by encoded arguments: a test whose calls depend on unseeded randomness is seeded
+  (`random.seed(0)` before the test, in both runs; the global random state is saved and restored
+  around each recorded call so the model's own use of `random` does not shift it); randomness
+  drawn inside an assert's expected side would still diverge. Tests that inspect identity, or
+  objects that cannot be encoded, fail even for a correct program.
 - A program the test references only as a class (`Solution` used directly) cannot be replayed and
   fails; entry points such as `Solution().twoSum` work.
 - Time: each run is bounded by the timeout (default 6 s; the sandbox kills past it). A functional
@@ -81,8 +86,10 @@ functional test it names the deciding run (`program run: ...` or `replayed check
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import atexit
+import builtins
 import json
 import math
 import os
@@ -90,6 +97,7 @@ import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from types import CodeType
 from typing import Any
 
 from cleaner.rewards.answer import Score
@@ -261,7 +269,7 @@ _RECORD_HARNESS = (
     _CODEC_SOURCE
     + r"""
 import builtins as _builtins, os as _os, sys as _sys, json as _json, random as _random, types as _types
-def _cleaner_record(_prefix, _program, _test, _entry_point, _marker):
+def _cleaner_record(_prefix, _program, _test, _test_names, _entry_point, _marker):
     # Taken before model code runs (it may patch them later; that only spoils the record).
     write, dumps, encode = _os.write, _json.dumps, _encode
     get_random, set_random = _random.getstate, _random.setstate
@@ -295,20 +303,13 @@ def _cleaner_record(_prefix, _program, _test, _entry_point, _marker):
             return result
         return call
 
-    def names_in(code):
-        names = set(code.co_names)
-        for const in code.co_consts:
-            if isinstance(const, _types.CodeType):
-                names |= names_in(const)
-        return names
-
     ns = {"__name__": "__main__", "__builtins__": __builtins__}
     exec(compile(_prefix, "<prefix>", "exec"), ns)
     prefix_names = set(ns)
     exec(compile(_program, "<solution>", "exec"), ns)
     test_code = compile(_test, "<test>", "exec")
     provided = {}
-    for name in sorted(names_in(test_code)):
+    for name in _test_names:
         if name not in ns or name in prefix_names or hasattr(_builtins, name):
             continue
         value = ns[name]
@@ -341,7 +342,12 @@ _REPLAY_HARNESS = (
 import builtins as _builtins, importlib as _importlib, json as _json, random as _random, sys as _sys
 def _cleaner_replay(_prefix, _test, _payload):
     data = _json.loads(_payload)
-    records, position = data["records"], [0]
+    # Calls are matched by name and encoded arguments, in recorded order among equal ones: the
+    # program run made the calls of a sealed test, which may differ in order and short-circuits.
+    pending = {}
+    for entry in data["records"]:
+        key = _json.dumps([entry.get("name"), entry.get("args")])
+        pending.setdefault(key, []).append(entry)
     ns = {"__name__": "__main__", "__builtins__": __builtins__}
     exec(compile(_prefix, "<prefix>", "exec"), ns)
     prefix_names = set(ns)
@@ -362,13 +368,10 @@ def _cleaner_replay(_prefix, _test, _payload):
 
     def replayer(name):
         def call(*args, **kwargs):
-            i = position[0]
-            position[0] += 1
-            if i >= len(records):
-                raise AssertionError(f"replay: call {i} of {name} was never made by the program run")
-            entry = records[i]
-            if entry.get("name") != name or entry.get("args") != _encode([list(args), kwargs]):
-                raise AssertionError(f"replay: call {i} of {name} differs from the program run")
+            same = pending.get(_json.dumps([name, _encode([list(args), kwargs])]))
+            if not same:
+                raise AssertionError(f"replay: the program run made no such call of {name}")
+            entry = same.pop(0)
             if "raised" in entry:
                 kind = getattr(_builtins, str(entry["raised"][0]), None)
                 if not (isinstance(kind, type) and issubclass(kind, Exception)):
@@ -407,6 +410,107 @@ _sys.setrecursionlimit(100000)
 def _harness(template: str, function: str, *arguments: Any) -> str:
     """The harness source, then a call of its `function` with Python literals (repr: no injection)."""
     return f"{template}\n{function}({', '.join(map(repr, arguments))})\n"
+
+
+# ------------------------------------------------------------------ sealing the test (host side)
+
+
+def test_names(test: str) -> list[str]:
+    """Every global name the test's code uses (its functions' too): what run 1 records or provides."""
+
+    def names_in(code: CodeType) -> set[str]:
+        names = set(code.co_names)
+        for const in code.co_consts:
+            if isinstance(const, CodeType):
+                names |= names_in(const)
+        return names
+
+    return sorted(names_in(compile(test, "<test>", "exec")))
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+_SCOPES = (ast.Lambda, ast.GeneratorExp, ast.ListComp, ast.SetComp, ast.DictComp, ast.NamedExpr)
+
+
+class _Sealer(ast.NodeTransformer):
+    """Rewrites `check`'s asserts into the calls they make to the program, dropping what they
+    compare with. An assert that cannot be split honestly (the candidate passed as a value, calls
+    inside a lambda or comprehension) is kept whole."""
+
+    def __init__(self, known: set[str], params: set[str]):
+        self.known = (
+            known  # builtins, the test's and the prefix's names: trusted, not program calls
+        )
+        self.params = params
+
+    def program_calls(self, expr: ast.AST, calls: list[ast.expr]) -> bool:
+        """Append the program calls of `expr` in evaluation order; False if it cannot be split."""
+        if isinstance(expr, ast.Call):
+            if isinstance(expr.func, ast.Name) and expr.func.id not in self.known:
+                calls.append(expr)
+                return True
+            parts = [expr.func, *expr.args, *(k.value for k in expr.keywords)]
+            return all(self.program_calls(part, calls) for part in parts)
+        if isinstance(expr, _SCOPES):
+            return not any(
+                isinstance(n, ast.Call) or (isinstance(n, ast.Name) and n.id in self.params)
+                for n in ast.walk(expr)
+            )
+        if isinstance(expr, ast.Name):
+            return expr.id not in self.params
+        return all(self.program_calls(child, calls) for child in ast.iter_child_nodes(expr))
+
+    def visit_Assert(self, node: ast.Assert) -> ast.AST | list[ast.stmt]:
+        calls: list[ast.expr] = []
+        if not self.program_calls(node.test, calls):
+            return node
+        return [ast.Expr(call) for call in calls] or [ast.Pass()]
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
+        return node  # a nested function is called from elsewhere: left as it is
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+    visit_ClassDef = visit_FunctionDef
+    visit_Lambda = visit_FunctionDef
+
+
+def seal_test(test: str, prefix: str = "") -> str:
+    """The test that run 1 gets: `check`'s asserts reduced to their calls, so that the values they
+    compare with never enter the process running model code. The original test when it cannot be
+    parsed or has no `check`."""
+    try:
+        tree = ast.parse(test)
+        known = _top_level_names(tree) | _top_level_names(ast.parse(prefix)) | set(dir(builtins))
+    except SyntaxError:
+        return test
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "check":
+            arguments = node.args
+            params = {
+                a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+            }
+            sealer = _Sealer(known, params)
+            node.body = [sealer.visit(statement) for statement in node.body]
+            node.body = [
+                s
+                for statement in node.body
+                for s in (statement if isinstance(statement, list) else [statement])
+            ]
+            return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+    return test
 
 
 # ------------------------------------------------------------------ comparison (host side)
@@ -548,6 +652,12 @@ async def _functional(
     sandbox: AnySandbox, program: str, tests: dict[str, Any], timeout: float
 ) -> TestOutcome:
     prefix = str(tests.get("import_prefix") or "")
+    test = str(tests["test"])
+    try:
+        names = test_names(test)
+    except (SyntaxError, ValueError) as e:
+        return TestOutcome(False, "invalid", f"the test does not compile: {e}")
+    sealed = seal_test(test, prefix)
     marker = "#cleaner-record:" + os.urandom(8).hex() + ":"
     record = await _run(
         sandbox,
@@ -556,7 +666,8 @@ async def _functional(
             "_cleaner_record",
             prefix,
             program,
-            str(tests["test"]),
+            sealed,
+            names,
             str(tests["entry_point"]),
             marker,
         ),
