@@ -522,6 +522,26 @@ def test_known_limit_expected_values_held_outside_asserts_can_be_read(sb):
 # ------------------------------------------------------------------ wiring
 
 
+async def test_score_code_through_the_service(humaneval):
+    from aiohttp.test_utils import TestServer
+
+    from cleaner.sandbox import RemoteSandbox, make_app
+
+    server = TestServer(make_app(Sandbox(workers=1), max_in_flight=8))
+    await server.start_server()
+    try:
+        async with RemoteSandbox(str(server.make_url("/"))) as remote:
+            problem = humaneval[2]
+            assert (await score_code(fenced(canonical(problem)), problem.tests, remote)).correct
+            tests = stdio(("3 4\n", "7\n"), ("1 2\n", "4\n"))
+            score = await score_code(fenced("print(sum(map(int, input().split())))"), tests, remote)
+            assert score.score == 0.5
+            attack = FUNCTIONAL_ATTACKS["an always-equal result"]
+            assert not (await score_code(fenced(attack), DOUBLE, remote)).correct
+    finally:
+        await server.close()
+
+
 def test_score_problem_for_code(sb, humaneval):
     problem = humaneval[0]
     assert score_problem(problem, fenced(canonical(problem)), sandbox=sb).correct
