@@ -638,9 +638,13 @@ class Zygote:
             "reason": None,
             "exit_code": None,
         }
-        alive = verdict is None and not exited
+        self.settle(result, verdict, replies.outcome, interp, session)
+        return result, verdict is None and not exited
+
+    def settle(self, result, verdict, outcome, interp, session):
+        """Fill in status, error and reason: from the interpreter's reply after a normal completion,
+        else from how its process ended, or from the verdict taken here (timeout, output limit)."""
         if verdict is None:
-            outcome = replies.outcome
             result["status"] = "error" if outcome.get("error_type") else "ok"
             if outcome.get("error_type") == "MemoryError":
                 result.update(status="killed", reason="memory")
@@ -663,15 +667,13 @@ class Zygote:
                 elif code != 0:
                     result.update(error_type="SystemExit", reason=f"exited with code {code}")
             else:
-                sig = (
-                    os.WTERMSIG(status)
-                    if status is not None and os.WIFSIGNALED(status)
-                    else signal.SIGKILL
+                signaled = status is not None and os.WIFSIGNALED(status)
+                result.update(
+                    status="killed",
+                    reason=signal_reason(os.WTERMSIG(status) if signaled else signal.SIGKILL),
                 )
-                result.update(status="killed", reason=signal_reason(sig))
         else:
             result["status"], result["reason"] = verdict
-        return result, alive
 
     def wait_status(self, interp, session):
         """The wait status of an interpreter that ended: ours to wait for (a stateless call), or
