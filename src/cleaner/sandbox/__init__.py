@@ -59,8 +59,10 @@ it sends itself without a handler are ignored, as for any init), and /proc shows
 namespace, so `/proc/<os.getpid()>` is not its own (`/proc/self` is). Processes started by a cell do
 not outlive it, in sessions too (nothing runs between calls but interpreters); threads of a session
 do, bounded by its CPU limit. A session's rlimits are fixed by its first cell (a lowered hard limit
-cannot rise). In the fallback level calls and sessions share one pid namespace and can signal each
-other; the victim session then reports `state_lost` and continues in a fresh interpreter.
+cannot rise). A worker runs one request at a time and a session stays on its worker, so a long cell
+delays the other sessions of that worker (more workers than cores is allowed). In the fallback level
+calls and sessions share one pid namespace and can signal each other; the victim session then
+reports `state_lost` and continues in a fresh interpreter.
 """
 
 from cleaner.sandbox.execfile import exec_file
