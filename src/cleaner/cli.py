@@ -343,8 +343,10 @@ def _rollout_and_grade(
     import asyncio
     import dataclasses
 
+    import torch
+
     from cleaner.agent import Rollout
-    from cleaner.collect import collect, grade, load_policy
+    from cleaner.collect import collect, grade_groups, load_policy
     from cleaner.config import load_config
     from cleaner.engines.hf import HFEngine
     from cleaner.rewards.math import MathVerifier
@@ -357,7 +359,7 @@ def _rollout_and_grade(
         **({"top_p": top_p} if top_p is not None else {}),
     )
     saar_cfg = dataclasses.replace(cfg.saar, enabled=saar)
-    device = "cuda" if __import__("torch").cuda.is_available() else "cpu"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     policy, tokenizer = load_policy(_resolve_model(model), device)
 
     async def main():
@@ -372,19 +374,13 @@ def _rollout_and_grade(
                 limits=limits,
             ) as sb:
                 rollout = Rollout(engine, sb, tokenizer, rollout_cfg, saar_cfg)
-                return await collect(
+                groups = await collect(
                     rollout, problems, n, cfg.seed, what, on_done=lambda t: bar.advance(task)
                 )
+                with MathVerifier() as verifier:
+                    return groups, await grade_groups(problems, groups, verifier, sb)
 
-    groups = asyncio.run(main())
-    with MathVerifier() as verifier:
-        verdicts = []
-        for p, group in zip(problems, groups, strict=True):
-            vs = [grade(p, t, verifier) for t in group]
-            for t, v in zip(group, vs, strict=True):
-                t.trajectory.reward = v.reward
-            verdicts.append(vs)
-    return groups, verdicts
+    return asyncio.run(main())
 
 
 def _write_trajectories(groups, path: Path, with_tokens: bool) -> None:
@@ -520,15 +516,19 @@ def evaluate(
 
 @app.command()
 def score(
-    input: Annotated[Path, typer.Argument(help='JSONL lines {"id", "response", "answer"}')],
+    input: Annotated[
+        Path, typer.Argument(help='JSONL lines {"id", "response", "answer"} ("tests" for code)')
+    ],
     output: Annotated[Path, typer.Option("-o", "--output", help="scored JSONL")],
-    kind: Annotated[str, typer.Option(help="math or mcq")] = "math",
+    kind: Annotated[
+        str, typer.Option(help="math, mcq, or code (tests run in the sandbox)")
+    ] = "math",
 ) -> None:
     """Grade responses: adds `correct` and `score` (and `reward`, `predicted`) to every line."""
     from cleaner.rewards import score_file
 
-    if kind not in ("math", "mcq"):
-        raise fail(f"--kind must be math or mcq, got {kind!r}")
+    if kind not in ("math", "mcq", "code"):
+        raise fail(f"--kind must be math, mcq or code, got {kind!r}")
     if not input.is_file():
         raise fail(f"{input}: no such file")
     try:

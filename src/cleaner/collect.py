@@ -14,7 +14,7 @@ from cleaner.data import Problem
 from cleaner.evaluate import Estimate, avg_at_k, pass_at_k_estimate
 from cleaner.rewards.answer import Score
 from cleaner.rewards.math import MathVerifier
-from cleaner.rewards.problem import score_problem
+from cleaner.rewards.problem import score_problem_async
 from cleaner.tokens import TokenTrajectory
 
 
@@ -24,8 +24,26 @@ def final_response(t: TokenTrajectory) -> str:
     return turns[-1].reasoning if turns and turns[-1].code is None else ""
 
 
-def grade(problem: Problem, t: TokenTrajectory, verifier: MathVerifier) -> Score:
-    return score_problem(problem, final_response(t), verifier=verifier)
+async def grade(
+    problem: Problem, t: TokenTrajectory, verifier: MathVerifier, sandbox: Any
+) -> Score:
+    """The outcome of one trajectory: its final answer against the problem (code runs in `sandbox`)."""
+    return await score_problem_async(problem, final_response(t), sandbox=sandbox, verifier=verifier)
+
+
+async def grade_groups(
+    problems: list[Problem],
+    groups: list[list[TokenTrajectory]],
+    verifier: MathVerifier,
+    sandbox: Any,
+) -> list[list[Score]]:
+    """Grade every trajectory concurrently; each trajectory's reward is set to its outcome reward."""
+    flat = [(p, t) for p, group in zip(problems, groups, strict=True) for t in group]
+    scores = await asyncio.gather(*(grade(p, t, verifier, sandbox) for p, t in flat))
+    for (_, t), s in zip(flat, scores, strict=True):
+        t.trajectory.reward = s.reward
+    n = len(groups[0]) if groups else 0
+    return [list(scores[i * n : (i + 1) * n]) for i in range(len(groups))]
 
 
 async def collect(

@@ -26,7 +26,7 @@ import torch
 import yaml
 
 from cleaner.agent import Rollout
-from cleaner.collect import collect, final_response, grade
+from cleaner.collect import collect, final_response, grade_groups
 from cleaner.config import Config, ConfigError, load_config, to_dict
 from cleaner.data import TOOL_TASKS, Problem, load_benchmark
 from cleaner.jsonl import dump_line
@@ -62,12 +62,6 @@ def load_problems(spec: str, size: int, seed: int, root: str | None = None) -> l
         raise ConfigError(f"data: {e}") from None
     if not problems:
         raise ConfigError(f"data: {spec!r} holds no problems")
-    code = [p.id for p in problems if p.kind == "code"]
-    if code:
-        raise ConfigError(
-            f"data: {spec!r} has code problems ({code[0]}, ...); training on them needs the "
-            "sandboxed code reward, which the trainer does not run yet"
-        )
     return problems
 
 
@@ -151,18 +145,28 @@ class Scored:
     response_tokens: int
 
 
-def score_trajectory(
-    problem: Problem, t: TokenTrajectory, cfg: Config, verifier: MathVerifier
-) -> tuple[float, bool, int]:
-    score = grade(problem, t, verifier)
-    response_tokens = len(t.token_ids) - t.prompt_length
-    penalty = overlong_penalty(
-        response_tokens,
-        cfg.rollout.max_response_tokens,
-        cfg.train.overlong_buffer,
-        cfg.train.overlong_penalty,
-    )
-    return score.reward + penalty, score.correct, response_tokens
+async def score_groups(
+    problems: list[Problem],
+    groups: list[list[TokenTrajectory]],
+    cfg: Config,
+    verifier: MathVerifier,
+    sandbox: Any,
+) -> list[Scored]:
+    """Outcome rewards plus DAPO's overlong shaping; each trajectory records its final reward."""
+    verdicts = await grade_groups(problems, groups, verifier, sandbox)
+    scored = []
+    for g, (problem, group, scores) in enumerate(zip(problems, groups, verdicts, strict=True)):
+        for t, score in zip(group, scores, strict=True):
+            length = len(t.token_ids) - t.prompt_length
+            reward = score.reward + overlong_penalty(
+                length,
+                cfg.rollout.max_response_tokens,
+                cfg.train.overlong_buffer,
+                cfg.train.overlong_penalty,
+            )
+            t.trajectory.reward = reward
+            scored.append(Scored(problem, g, t, reward, score.correct, length))
+    return scored
 
 
 def trajectory_metrics(scored: list[Scored]) -> dict[str, float]:
@@ -318,12 +322,7 @@ class Trainer:
         generated = time.perf_counter()
 
         # 2. rewards, with DAPO's overlong shaping
-        scored = []
-        for g, (problem, group) in enumerate(zip(problems, groups, strict=True)):
-            for traj in group:
-                reward, correct, length = score_trajectory(problem, traj, cfg, self.verifier)
-                traj.trajectory.reward = reward
-                scored.append(Scored(problem, g, traj, reward, correct, length))
+        scored = await score_groups(problems, groups, cfg, self.verifier, self.rollout.sandbox)
         metrics: dict[str, Any] = {"step": self.step + 1, **trajectory_metrics(scored)}
 
         # 3. group advantages; dynamic sampling drops the groups that teach nothing
@@ -494,11 +493,9 @@ class Trainer:
                 self.cfg.seed + EVAL_SEED_OFFSET,
                 f"eval{self.step}",
             )
-        scored = []
-        for g, (problem, group) in enumerate(zip(self.eval_problems, groups, strict=True)):
-            for traj in group:
-                reward, correct, length = score_trajectory(problem, traj, self.cfg, self.verifier)
-                scored.append(Scored(problem, g, traj, reward, correct, length))
+        scored = await score_groups(
+            self.eval_problems, groups, self.cfg, self.verifier, self.eval_rollout.sandbox
+        )
         m = trajectory_metrics(scored)
         return {
             "eval/accuracy": m["reward/accuracy"],
