@@ -216,3 +216,24 @@ def test_exec_file_with_a_progress_bar(tmp_path):
     write_jsonl(source, [{"id": i, "code": f"print({i})"} for i in range(5)])
     exec_file(source, out, workers=1, progress=True)
     assert [line["stdout"] for line in read_jsonl(out)] == [f"{i}\n" for i in range(5)]
+
+
+async def test_service_refuses_beyond_its_bound_instead_of_queueing():
+    import asyncio
+
+    sandbox = Sandbox(workers=1, limits=Limits(timeout=5))
+    server = TestServer(make_app(sandbox, max_in_flight=1))
+    await server.start_server()
+    try:
+        url = str(server.make_url("/"))
+        async with RemoteSandbox(url, retries=0) as impatient, RemoteSandbox(url) as patient:
+            slow = asyncio.create_task(patient.run("import time\ntime.sleep(1)\nprint('slow')"))
+            while (await patient.health())["in_flight"] == 0:  # wait until it is admitted
+                await asyncio.sleep(0.01)
+            with pytest.raises(SandboxUnavailable, match="busy"):
+                await impatient.run("print('refused')")
+            assert (await slow).stdout == "slow\n"
+            # A client that retries gets through once there is room.
+            assert (await patient.run("print('later')")).stdout == "later\n"
+    finally:
+        await server.close()
