@@ -255,3 +255,33 @@ async def test_saar_flows_in_parallel_keep_their_own_state():
 
         results = await asyncio.gather(*(trajectory(k) for k in range(6)))
         assert results == [[f"{k + 1}\n", f"{k + 2}\n", f"{k + 3}\n"] for k in range(6)]
+
+
+async def test_saar_flows_survive_timeouts_exits_and_attacks_around_them():
+    """Concurrent sessions, each going through every kind of failed call (error, timeout, exit) with
+    a restore after it, while stateless calls on the same workers try to kill everything."""
+    failures = {
+        "error": ("total += 100\n1/0", None),
+        "timeout": ("total += 100\nwhile True: pass", 0.5),
+        "exit": ("total += 100\nimport os\nos._exit(2)", None),
+    }
+    async with Sandbox(workers=2, limits=Limits(timeout=10)) as sandbox:
+
+        async def trajectory(k: int) -> str:
+            sid = f"mixed{k}"
+            await sandbox.run("total = 0", session=sid)
+            kinds = list(failures)[k % 3 :] + list(failures)[: k % 3]
+            for kind in kinds:
+                token = await sandbox.snapshot(sid)
+                code, timeout = failures[kind]
+                failed = await sandbox.run(code, session=sid, timeout=timeout)
+                assert failed.status in ("error", "timeout"), (kind, failed)
+                await sandbox.run("import os, signal\nos.kill(-1, signal.SIGKILL)")
+                await sandbox.restore(sid, token)
+                assert (await sandbox.run("total += 1", session=sid)).ok
+                await sandbox.release(sid, token)
+            out = (await sandbox.run("print(total)", session=sid)).stdout
+            await sandbox.close_session(sid)
+            return out
+
+        assert await asyncio.gather(*(trajectory(k) for k in range(6))) == ["3\n"] * 6

@@ -40,9 +40,9 @@ worker runs in bubblewrap (user, pid, network, mount, IPC, UTS namespaces; start
 host uid, uid 65534 inside; read-only root with only /usr and the Python installation; a
 size-bounded scratch tmpfs; no network; a cleared environment; pids and memory cgroups when
 writable), the zygote is pid 1 of the worker, and every call and every session gets a pid namespace
-of its own: model code cannot see or signal another trajectory's processes, and everything it
-started dies with the call (or with the session); after every call the zygote also kills any
-process that is not an interpreter. Model code runs without capabilities, under rlimits (address
+and a user namespace of its own: model code cannot see or signal another trajectory's processes,
+its process limit counts its own processes only, and everything it started dies with the call (or
+with the session); after every call the zygote also kills any process that is not an interpreter. Model code runs without capabilities, under rlimits (address
 space 2 GiB by default, CPU, file size, open files, processes; the stack is left alone) with one
 BLAS thread. Where namespaces do not work, `isolation="auto"` falls back to rlimits + setsid + a
 separate uid with a loud warning; every result says which level was in force (see

@@ -8,10 +8,11 @@ Process tree inside one worker (in namespace mode the zygote is pid 1 of the wor
 so signals from model code cannot kill it and every process dies with it):
 
     zygote (pid 1, keeps CAP_SYS_ADMIN to make pid namespaces; model code never has it)
-      +- interpreter of a stateless call      (pid 1 of its own pid namespace; exits after the call)
-      +- init of session "a"                  (pid 1 of the session's pid namespace; never runs model
-           +- live interpreter                 code; starts interpreters, reaps them on request)
-           +- snapshot (a frozen fork of the live interpreter; forks a new live one on restore)
+      +- interpreter of a stateless call: pid 1 of its own pid and user namespaces, exits after it
+      +- init of session "a": pid 1 of the session's pid and user namespaces, never runs model code,
+           |  starts interpreters and reaps them on request
+           +- live interpreter
+           +- snapshot: a frozen fork of the live interpreter; forks a new live one on restore
 
 Every interpreter serves the same tiny loop on its own socket: `run` (a cell, with the output pipes
 passed as fds) and `fork` (make a copy that serves a new socket). A snapshot is an interpreter that the
@@ -55,6 +56,8 @@ WARMUP = {
         "sympy.core.cache.clear_cache()"
     ),
 }
+SESSION_PROCESSES = 32
+"""Room in a session's process limit for its own interpreters: init, live, snapshots."""
 CHANNEL_LOST = 75
 """Exit code of an interpreter whose reply channel model code closed."""
 PR_SET_DUMPABLE = 4
@@ -96,6 +99,7 @@ def recv_frame(sock):
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 CLONE_NEWPID = 0x20000000
+CLONE_NEWUSER = 0x10000000
 SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(os.uname().machine)
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 CAPABILITY_VERSION_3 = 0x20080522
@@ -165,13 +169,34 @@ def credentials_socketpair():
     return ours, theirs
 
 
-def become_child(keep_fds, scratch, uid):
+def enter_own_user_namespace():
+    """A user namespace of its own, mapping only our uid: RLIMIT_NPROC then counts the processes of
+    this call or session alone, not those of every session that shares the worker's uid."""
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWUSER) != 0:
+        return False
+    # /proc/self of a process that is not dumpable belongs to root: dumpable while writing the maps.
+    libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+    for name, text in (
+        ("setgroups", "deny"),
+        ("uid_map", f"{uid} {uid} 1"),
+        ("gid_map", f"{gid} {gid} 1"),
+    ):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    return True
+
+
+def become_child(keep_fds, scratch, uid, own_user_namespace=False):
     """Set up a process forked from the zygote: only `keep_fds`, no capabilities, own session."""
     highest = 3
     for fd in sorted(keep_fds):
         os.closerange(highest, fd)
         highest = fd + 1
     os.closerange(highest, 1 << 16)
+    if own_user_namespace:
+        enter_own_user_namespace()
     drop_capabilities()
     # When the worker's memory cgroup is full, the kernel should kill model code, not the zygote.
     try:
@@ -361,19 +386,26 @@ def serve_interpreter(sock, namespace):
                 os._exit(0)
         elif op == "fork":
             (new_sock_fd,) = fds
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError:
+                pid = None  # (a process limit): no copy; the zygote sees the socket close
             if pid == 0:
-                # Fork twice: the copy is orphaned at once and adopted by the zygote, which can then
-                # wait for it (its exit status, no zombies under a frozen snapshot).
-                if os.fork() != 0:
-                    os._exit(0)
+                # Fork twice: the copy is orphaned at once and adopted by the session's init,
+                # which reaps it (its exit status, no zombies under a frozen snapshot).
+                try:
+                    if os.fork() != 0:
+                        os._exit(0)
+                except OSError:
+                    os._exit(1)
                 sock.close()
                 os.setsid()
                 sock = socket.socket(fileno=new_sock_fd)
                 send_frame(sock, {"hello": True})
                 continue
             os.close(new_sock_fd)
-            os.waitpid(pid, 0)
+            if pid:
+                os.waitpid(pid, 0)
 
 
 # ---------------------------------------------------------------- the zygote
@@ -399,6 +431,7 @@ class Zygote:
         self.orphans = {}  # pid -> wait status of children reaped by a sweep during this request
         self.spare = None  # a fresh interpreter forked ahead of time, off the latency path
         self.pid_namespaces = False  # one pid namespace per call and per session, when possible
+        self.user_namespaces = False  # likewise a user namespace (per-call process counting)
 
     # ---- processes
 
@@ -478,7 +511,7 @@ class Zygote:
         pid = self.fork()
         if pid == 0:
             try:
-                become_child([theirs.fileno()], scratch, self.uid)
+                become_child([theirs.fileno()], scratch, self.uid, self.user_namespaces)
                 serve_interpreter(theirs, fresh_globals())
             finally:
                 os._exit(70)
@@ -492,7 +525,7 @@ class Zygote:
         pid = self.fork()
         if pid == 0:
             try:
-                become_child([theirs.fileno()], scratch, self.uid)
+                become_child([theirs.fileno()], scratch, self.uid, self.user_namespaces)
                 serve_group(theirs, self.uid)
             finally:
                 os._exit(70)
@@ -554,7 +587,9 @@ class Zygote:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         limits = dict(
-            request["limits"], nproc=self.nproc_limit(request["limits"]), stateless=stateless
+            request["limits"],
+            nproc=self.nproc_limit(request["limits"], stateless),
+            stateless=stateless,
         )
         start = time.monotonic()
         run = {
@@ -695,13 +730,22 @@ class Zygote:
             time.sleep(0.005)
         return None
 
-    def nproc_limit(self, limits):
-        """RLIMIT_NPROC counts every task of the uid: allow max_processes on top of what exists now."""
-        if not limits.get("max_processes"):
+    def nproc_limit(self, limits, stateless):
+        """RLIMIT_NPROC for model code. It counts every task of the uid in the user namespace.
+
+        With a user namespace per call and per session, that is the call's own processes (plus, in a
+        session, its init and snapshots: SESSION_PROCESSES). Without, it counts the whole worker, and
+        a session's limit, fixed at its first cell, would block it once other sessions start: then
+        only stateless calls get one, and the worker's pids cgroup bounds sessions.
+        """
+        extra = limits.get("max_processes")
+        if not extra:
             return None
-        return (
-            count_tasks(self.uid if self.uid is not None else os.getuid()) + limits["max_processes"]
-        )
+        if self.user_namespaces:
+            return extra + (1 if stateless else SESSION_PROCESSES)
+        if not stateless:
+            return None
+        return count_tasks(self.uid if self.uid is not None else os.getuid()) + extra
 
     # ---- requests
 
@@ -754,7 +798,11 @@ class Zygote:
                         self.kill(interp)
             return {}
         if op == "ping":
-            return {"pids": len(descendants(os.getpid())), "pid_namespaces": self.pid_namespaces}
+            return {
+                "pids": len(descendants(os.getpid())),
+                "pid_namespaces": self.pid_namespaces,
+                "user_namespaces": self.user_namespaces,
+            }
         return {"error": f"unknown op {op!r}"}
 
     def session(self, sid):
@@ -971,6 +1019,16 @@ def signal_reason(sig):
         return f"signal {sig}"
 
 
+def user_namespaces_work():
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os._exit(0 if enter_own_user_namespace() else 1)
+        finally:
+            os._exit(1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
 def pid_namespaces_work():
     if SYS_CLONE is None:
         return False
@@ -1007,6 +1065,8 @@ def main():
     os.makedirs(config["scratch_root"], exist_ok=True)
     zygote = Zygote(socket.socket(fileno=host_fd), config)
     zygote.pid_namespaces = pid_namespaces_work()
+    # Not with a fallback uid: the interpreter's setuid needs that uid mapped.
+    zygote.user_namespaces = zygote.uid is None and user_namespaces_work()
     zygote.serve()
 
 

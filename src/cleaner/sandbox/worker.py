@@ -168,32 +168,37 @@ class Worker:
             raise WorkerDied(f"worker {why}") from e
 
     async def kill(self) -> None:
-        """Kill the worker and everything in it; remove its cgroup and scratch files."""
-        if self.writer:
-            self.writer.close()
-            self.writer = self.reader = None
-        if self.process and self.process.returncode is None:
+        """Kill the worker and everything in it; remove its cgroup and scratch files.
+
+        Safe to call twice at once (a failed request and `close`): each resource is taken before
+        the first await, so only one caller cleans it up.
+        """
+        writer, self.writer, self.reader = self.writer, None, None
+        if writer:
+            writer.close()
+        process = self.process
+        if process and process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            await self.process.wait()
-        if self._stderr_task:
+                os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+        stderr_task, self._stderr_task = self._stderr_task, None
+        if stderr_task:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._stderr_task, 5)
-            self._stderr_task = None
-        if self.cgroup:
-            await self._empty_cgroup()
-            self.cgroup.remove()
-            self.cgroup = None
-        if self.fallback_scratch:
-            await asyncio.to_thread(shutil.rmtree, self.fallback_scratch, True)
-            self.fallback_scratch = None
+                await asyncio.wait_for(stderr_task, 5)
+        cgroup, self.cgroup = self.cgroup, None
+        if cgroup:
+            await self._empty_cgroup(cgroup)
+            cgroup.remove()
+        scratch, self.fallback_scratch = self.fallback_scratch, None
+        if scratch:
+            await asyncio.to_thread(shutil.rmtree, scratch, True)
         self.sessions.clear()
 
-    async def _empty_cgroup(self) -> None:
+    @staticmethod
+    async def _empty_cgroup(cgroup: WorkerCgroup) -> None:
         """In fallback mode processes can outlive the zygote; the cgroup finds them all."""
-        assert self.cgroup
         for _ in range(200):
-            pids = self.cgroup.processes()
+            pids = cgroup.processes()
             if not pids:
                 return
             for pid in pids:
