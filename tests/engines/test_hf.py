@@ -109,6 +109,25 @@ async def test_rollbacks_of_sessions_admitted_together_match_full_forward_passes
         assert_matches_reference(model, context, generation)
 
 
+async def test_staggered_multi_turn_sessions_match_full_forward_passes(model, chatml_tokenizer):
+    """Sessions come back with their histories while others are mid-generation, so rows join and
+    leave a running batch at different times, and the cache's columns move and grow."""
+    engine = HFEngine(model, chatml_tokenizer, max_batch_size=3)
+    vocab = len(chatml_tokenizer)
+
+    async def trajectory(i):
+        rng = random.Random(100 + i)
+        context = random_ids(rng, rng.randrange(2, 40), vocab)
+        for turn in range(4):
+            params = SamplingParams(max_new_tokens=rng.randrange(1, 30), seed=10 * i + turn)
+            generation = await engine.generate(f"s{i}", context, params)
+            assert_matches_reference(model, context, generation)
+            context = context + generation.token_ids + random_ids(rng, rng.randrange(1, 9), vocab)
+            await asyncio.sleep(rng.random() / 100)  # a tool call
+
+    await asyncio.gather(*(trajectory(i) for i in range(5)))
+
+
 async def test_an_identical_context_still_computes_its_last_token(model, chatml_tokenizer):
     engine = HFEngine(model, chatml_tokenizer)
     context = random_ids(random.Random(4), 10, len(chatml_tokenizer))
@@ -135,7 +154,8 @@ async def test_more_sessions_than_batch_rows_all_complete_as_if_alone(model, cha
         alone = await HFEngine(model, chatml_tokenizer).generate("alone", context, p)
         assert together[i].token_ids == alone.token_ids
         assert len(alone.token_ids) == p.max_new_tokens
-    assert crowded._running.requests == []
+        assert_matches_reference(model, context, together[i])
+    assert crowded._running.active == []
 
 
 async def test_the_same_seed_gives_the_same_generation_and_another_seed_another(
@@ -237,7 +257,8 @@ async def test_closing_a_session_mid_generation_disturbs_no_other(model, chatml_
     params = SamplingParams(max_new_tokens=100, seed=0)
     closing = asyncio.create_task(engine.generate("a", context, params))
     other = asyncio.create_task(engine.generate("b", context, params))
-    while not engine._running.requests:  # until both are in the batch, mid-generation
+    while not engine._running.active:  # until both are in the batch, mid-generation
+        assert not closing.done()
         await asyncio.sleep(0.001)
     await engine.close("a")
     assert (await closing).token_ids == (await other).token_ids

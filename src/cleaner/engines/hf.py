@@ -2,26 +2,27 @@
 
 One scheduler task drives the model; each `generate` coroutine queues a request and awaits its
 result. Every step advances all running requests by one token in a single forward pass over a
-batched KV cache (a transformers `Cache`, one row per request).
+batched KV cache that persists across steps: one row (slot) per request, in buffers with spare
+room, so that steps, joins and departures copy nothing but the rows concerned.
 
-Layout of the batched cache. Rows are right-aligned: each step appends the same number of columns to
-every row, a row's new tokens sit at the right end of those columns, and padding goes to their left.
-A boolean `valid` matrix (rows x columns) marks which columns hold real tokens; the attention mask is
-built from it (a query sees the valid columns up to its own), and position ids are passed explicitly
-(a token's position is the number of real tokens before it), so padding anywhere in a row, holes in
-the middle included, changes nothing: the logits are those of a plain forward pass over the row's
-real tokens (tests/engines check this to 1e-5).
+Layout. Each step appends the same number of columns to every row; a row's new tokens sit at the
+right end of those columns, with padding to their left. A boolean `valid` matrix (rows x columns)
+marks the columns that hold a row's real tokens; the attention mask is built from it (a query sees
+the valid columns up to its own), and position ids are passed explicitly (a token's position is the
+number of real tokens before it), so padding anywhere in a row, holes in the middle included,
+changes nothing: the logits are those of a plain forward pass over the row's real tokens
+(tests/engines check this to 1e-5). A request that joins takes a free row and its tokens are
+written so that they end at the batch's last column; a request that leaves frees its row. Columns
+that no row uses any more are dropped when the buffers are next reallocated (when they run out of
+room), so the cache stays about as wide as the longest live row.
 
 Sessions. Between requests a session is parked: its keys and values are kept compact (real columns
 only) together with the token ids they were computed from. A new request keeps the longest common
 prefix of those ids and its context (always leaving at least one token to run, for the logits) and
 prefills the rest. Newly admitted requests are prefilled together in their own forward passes
-(chunked), then joined to the running batch: on CPU, a step where one request joins with 40 new
+(chunked), then moved into the running batch: on CPU, a step where one request joins with 40 new
 tokens while 15 decode costs 6 ms this way against 32 ms in one mixed forward pass, where every
-decoding row is padded to 40 tokens (the embedded model's shape, 600 cached tokens). Whenever the
-batch's membership changes (a request joins or finishes) the cache is repacked, which also removes
-all padding. Repacking copies the cache once; between repacks, steps append in place into spare
-capacity (`_GrowingLayer`).
+decoding row is padded to 40 tokens (the embedded model's shape, 600 cached tokens).
 
 Tested on CPU only; the code is device-agnostic (`device`, `dtype`), but CUDA is untested. The
 attention implementation must take a 4-D mask: `sdpa` (the default) or `eager`.
@@ -88,48 +89,25 @@ class TextStream:
         )
 
 
-class _GrowingLayer(DynamicLayer):
-    """A cache layer that appends in place into spare capacity.
+class _WindowLayer(DynamicLayer):
+    """One layer of a `_Slots` cache as the model sees it in one forward pass: rows [0, rows) and the
+    live columns of the slot buffers, the new columns written in place after them (the buffers have
+    room for them: `DynamicLayer` would concatenate, copying the whole cache at every step)."""
 
-    `DynamicLayer` concatenates, which copies the whole cache at every step; on CPU that made decode
-    steps at 600 to 2000 cached tokens about 1.5x slower. Here a copy happens only when the capacity
-    runs out, and it grows by a quarter. (`crop` and the other in-place edits of `DynamicLayer` do not know
-    about the spare capacity; the engine never calls them.)
-    """
-
-    def __init__(self, key_buffer=None, value_buffer=None, length: int = 0):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: int, start: int, end: int):
         super().__init__()
-        if key_buffer is not None:
-            self._adopt(key_buffer, value_buffer, length)
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self._adopt(key_states[:, :, :0], value_states[:, :, :0], 0)
+        self._buffers, self._rows, self._start, self._end = (keys, values), rows, start, end
+        self.keys, self.values = keys[:rows, :, start:end], values[:rows, :, start:end]
+        self.device, self.is_initialized = keys.device, True
 
     def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        start, end = self.length, self.length + key_states.shape[2]
-        if end > self._key_buffer.shape[2]:
-            capacity = end + max(64, end // 4)
-            self._key_buffer = _with_capacity(self._key_buffer[:, :, :start], capacity)
-            self._value_buffer = _with_capacity(self._value_buffer[:, :, :start], capacity)
-        self._key_buffer[:, :, start:end] = key_states
-        self._value_buffer[:, :, start:end] = value_states
-        self._adopt(self._key_buffer, self._value_buffer, end)
+        keys, values = self._buffers
+        rows, start, end = self._rows, self._start, self._end + key_states.shape[2]
+        keys[:rows, :, self._end : end] = key_states
+        values[:rows, :, self._end : end] = value_states
+        self._end = end
+        self.keys, self.values = keys[:rows, :, start:end], values[:rows, :, start:end]
         return self.keys, self.values
-
-    def _adopt(self, key_buffer: torch.Tensor, value_buffer: torch.Tensor, length: int) -> None:
-        self._key_buffer, self._value_buffer, self.length = key_buffer, value_buffer, length
-        self.keys, self.values = key_buffer[:, :, :length], value_buffer[:, :, :length]
-        self.device, self.is_initialized = key_buffer.device, True
-
-
-def _with_capacity(states: torch.Tensor, capacity: int) -> torch.Tensor:
-    """`states` (batch, heads, tokens, dim) copied into a buffer of `capacity` tokens."""
-    batch, heads, tokens, dim = states.shape
-    buffer = states.new_zeros(batch, heads, capacity, dim)
-    buffer[:, :, :tokens] = states
-    return buffer
 
 
 @dataclass(eq=False)
@@ -189,58 +167,100 @@ class _Request:
         )
 
 
-class _Batch:
-    """Requests that advance together, one row each in a batched KV cache (see the module notes)."""
+@dataclass(frozen=True)
+class _KVShape:
+    layers: int
+    heads: int  # key-value heads
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
 
-    def __init__(self, requests: list[_Request], cache: Cache, valid: torch.Tensor):
-        self.requests = requests
-        self.cache = cache
-        self.valid = valid  # (rows, columns) bool: which cache columns hold real tokens
 
-    @classmethod
-    def pack(cls, requests: list[_Request], kvs: list[KV | None], device) -> _Batch:
-        """A batch whose rows hold `kvs` (None: nothing yet), right-aligned, padding on the left."""
-        lengths = [0 if kv is None else kv[0][0].shape[2] for kv in kvs]
-        width = max(lengths, default=0)
-        valid = torch.zeros(len(requests), width, dtype=torch.bool, device=device)
-        for row, length in enumerate(lengths):
-            valid[row, width - length :] = True
-        if width == 0:
-            return cls(requests, Cache(layer_class_to_replicate=_GrowingLayer), valid)
-        capacity = width + max(64, width // 4)
-        layers = []
-        template = next(kv for kv in kvs if kv is not None)
-        for layer, (k0, v0) in enumerate(template):
-            keys = k0.new_zeros(len(requests), k0.shape[1], capacity, k0.shape[3])
-            values = v0.new_zeros(len(requests), v0.shape[1], capacity, v0.shape[3])
-            for row, (kv, length) in enumerate(zip(kvs, lengths, strict=True)):
-                if length:
-                    keys[row, :, width - length : width] = kv[layer][0][0]
-                    values[row, :, width - length : width] = kv[layer][1][0]
-            layers.append(_GrowingLayer(keys, values, width))
-        return cls(requests, Cache(layers=layers), valid)
+class _Slots:
+    """Requests that advance together, one row (slot) each in a batched KV cache (see the module
+    notes). Every row's tokens end at column `end`; no row uses the columns before `start`."""
+
+    def __init__(self, shape: _KVShape, rows: int, max_rows: int, left: int = 0, right: int = 0):
+        self.shape, self.max_rows = shape, max_rows
+        self.requests: list[_Request | None] = [None] * rows
+        size = (rows, shape.heads, left + right, shape.head_dim)
+        self.keys = [
+            torch.zeros(size, dtype=shape.dtype, device=shape.device) for _ in range(shape.layers)
+        ]
+        self.values = [torch.zeros_like(k) for k in self.keys]
+        self.valid = torch.zeros(rows, left + right, dtype=torch.bool, device=shape.device)
+        self.start = self.end = left
+
+    @property
+    def active(self) -> list[_Request]:
+        return [r for r in self.requests if r is not None]
+
+    def place(self, request: _Request, kv: KV | None) -> None:
+        """Give the request a free row holding `kv` (its reusable keys and values, or None)."""
+        length = 0 if kv is None else kv[0][0].shape[2]
+        if None not in self.requests or length > self.end:
+            rows = len(self.requests)
+            if None not in self.requests:
+                rows = min(max(1, 2 * rows), self.max_rows)
+            self._reallocate(rows, left=max(0, length - (self.end - self.start)), right=0)
+        slot = self.requests.index(None)
+        self.requests[slot] = request
+        self.start = min(self.start, self.end - length)
+        self.valid[slot] = False
+        self.valid[slot, self.end - length : self.end] = True
+        for layer, (k, v) in enumerate(kv or []):
+            self.keys[layer][slot, :, self.end - length : self.end] = k[0]
+            self.values[layer][slot, :, self.end - length : self.end] = v[0]
+
+    def take(self, request: _Request, *, copy: bool) -> KV | None:
+        """Free the request's row; its keys and values, real columns only. Without `copy` they may
+        be views into the buffers (when contiguous, as outside a prefill), valid until the next
+        forward pass: enough to place them in another `_Slots`, which copies them."""
+        slot = self.requests.index(request)
+        kv = self._extract(slot, copy)
+        self.requests[slot] = None
+        self.valid[slot] = False
+        live = self.valid[:, self.start : self.end].any(dim=0).nonzero()
+        self.start = self.end if len(live) == 0 else self.start + live[0].item()
+        return kv
 
     def forward(self, model, cache_kwarg: str, feeds: list[list[int]]) -> torch.Tensor:
-        """Run each row's feed (possibly empty) through the model; the logits after each row's last
-        token, (rows, vocab): meaningless for a row whose feed was empty."""
+        """Run each row's feed (possibly empty; one per row) through the model, in one forward pass
+        over the rows up to the last one in use; the logits after each row's last token, (rows,
+        vocab): meaningless for a free row or an empty feed."""
+        rows = max(slot for slot, r in enumerate(self.requests) if r is not None) + 1
+        slot_feeds = feeds[:rows]
+        n = max(len(f) for f in slot_feeds)
+        if self.end + n > self.keys[0].shape[2]:
+            window = self.end - self.start
+            self._reallocate(len(self.requests), left=0, right=n + max(64, window // 4))
+
         device = self.valid.device
-        n = max(len(f) for f in feeds)
-        ids = torch.tensor([[0] * (n - len(f)) + f for f in feeds], device=device)
-        lengths = torch.tensor([len(f) for f in feeds], device=device)
-        starts = torch.tensor([len(r.session.tokens) for r in self.requests], device=device)
+        ids = torch.tensor([[0] * (n - len(f)) + f for f in slot_feeds], device=device)
+        lengths = torch.tensor([len(f) for f in slot_feeds], device=device)
+        starts = torch.tensor(
+            [len(r.session.tokens) if r is not None else 0 for r in self.requests[:rows]],
+            device=device,
+        )
         offset = torch.arange(n, device=device) - (n - lengths)[:, None]  # < 0 on padding
         positions = (starts[:, None] + offset).clamp(min=0)
 
-        past = self.valid.shape[1]
-        self.valid = torch.cat([self.valid, offset >= 0], dim=1)
-        query_cols = past + torch.arange(n, device=device)[:, None]
-        key_cols = torch.arange(past + n, device=device)[None, :]
+        start, end = self.start, self.end
+        self.valid[:rows, end : end + n] = offset >= 0
+        valid = self.valid[:rows, start : end + n]
+        query_cols = end - start + torch.arange(n, device=device)[:, None]
+        key_cols = torch.arange(end + n - start, device=device)[None, :]
         # Each query sees the valid columns up to its own, and always its own column, so that a
         # padding query is never fully masked (a fully masked softmax row gives NaN).
-        visible = (self.valid[:, None, :] & (key_cols <= query_cols)) | (key_cols == query_cols)
-        dtype = model.dtype
-        mask = torch.zeros(visible.shape, dtype=dtype, device=device)
-        mask = mask.masked_fill(~visible, torch.finfo(dtype).min)[:, None]
+        visible = (valid[:, None, :] & (key_cols <= query_cols)) | (key_cols == query_cols)
+        mask = torch.zeros(visible.shape, dtype=self.shape.dtype, device=device)
+        mask = mask.masked_fill(~visible, torch.finfo(self.shape.dtype).min)[:, None]
+        cache = Cache(
+            layers=[
+                _WindowLayer(k, v, rows, start, end)
+                for k, v in zip(self.keys, self.values, strict=True)
+            ]
+        )
 
         out = model(
             input_ids=ids,
@@ -248,30 +268,46 @@ class _Batch:
             position_ids=positions,
             use_cache=True,
             logits_to_keep=1,
-            **{cache_kwarg: self.cache},
+            **{cache_kwarg: cache},
         )
-        for r, feed in zip(self.requests, feeds, strict=True):
-            r.session.tokens.extend(feed)
+        self.end += n
+        for r, feed in zip(self.requests, slot_feeds, strict=False):
+            if r is not None:
+                r.session.tokens.extend(feed)
         return out.logits[:, -1].float()
 
-    def extract(self, row: int, *, copy: bool) -> KV | None:
-        """The row's keys and values, real columns only. Without `copy` they may be views into this
-        batch's cache (when the columns are contiguous, as they are outside a prefill), which saves
-        a copy when they are only read to pack the next batch."""
-        columns = self.valid[row].nonzero().squeeze(1)
-        assert len(columns) == len(self.requests[row].session.tokens)
+    def _extract(self, slot: int, copy: bool) -> KV | None:
+        columns = self.start + self.valid[slot, self.start : self.end].nonzero().squeeze(1)
+        assert len(columns) == len(self.requests[slot].session.tokens)
         if len(columns) == 0:
             return None
         first, last = columns[0].item(), columns[-1].item()
         contiguous = last - first + 1 == len(columns)
         index = slice(first, last + 1) if contiguous else columns  # indexing by a tensor copies
         kv = [
-            (layer.keys[row : row + 1, :, index], layer.values[row : row + 1, :, index])
-            for layer in self.cache.layers
+            (k[slot : slot + 1, :, index], v[slot : slot + 1, :, index])
+            for k, v in zip(self.keys, self.values, strict=True)
         ]
         if copy and contiguous:
             kv = [(k.clone(), v.clone()) for k, v in kv]
         return kv
+
+    def _reallocate(self, rows: int, left: int, right: int) -> None:
+        """Move the live columns of every row into new buffers of `rows` rows, with `left` free
+        columns before them and `right` after (the dead columns are dropped)."""
+        window = self.end - self.start
+        old_rows = len(self.requests)
+        size = (rows, self.shape.heads, left + window + right, self.shape.head_dim)
+        for buffers in (self.keys, self.values):
+            for layer, old in enumerate(buffers):
+                new = old.new_zeros(size)
+                new[:old_rows, :, left : left + window] = old[:, :, self.start : self.end]
+                buffers[layer] = new
+        valid = self.valid.new_zeros(rows, left + window + right)
+        valid[:old_rows, left : left + window] = self.valid[:, self.start : self.end]
+        self.valid = valid
+        self.requests += [None] * (rows - old_rows)
+        self.start, self.end = left, left + window
 
 
 def _common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -342,7 +378,16 @@ class HFEngine:
 
         self._sessions: dict[str, _Session] = {}
         self._waiting: deque[_Request] = deque()
-        self._running = _Batch.pack([], [], self.device)
+        text_config = config.get_text_config()
+        self._shape = _KVShape(
+            layers=text_config.num_hidden_layers,
+            heads=text_config.num_key_value_heads,
+            head_dim=getattr(text_config, "head_dim", None)
+            or text_config.hidden_size // text_config.num_attention_heads,
+            dtype=model.dtype,
+            device=self.device,
+        )
+        self._running = self._empty_batch()
         self._scheduler: asyncio.Task | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self._clock = itertools.count()
@@ -420,9 +465,9 @@ class HFEngine:
 
     async def _schedule(self) -> None:
         try:
-            while self._waiting or self._running.requests:
+            while self._waiting or self._running.active:
                 admitted = self._admit()
-                running = self._running.requests
+                running = self._running.active
                 for r in running:
                     r.abandoned = r.future.cancelled()
                 try:
@@ -442,7 +487,7 @@ class HFEngine:
     def _admit(self) -> list[_Request]:
         """Take waiting requests while there is room; roll each session back to its reusable prefix."""
         admitted, deferred = [], []
-        room = self.max_batch_size - len(self._running.requests)
+        room = self.max_batch_size - len(self._running.active)
         while self._waiting and len(admitted) < room:
             r = self._waiting.popleft()
             state = r.session
@@ -465,48 +510,54 @@ class HFEngine:
         return admitted
 
     def _step(self, admitted: list[_Request]) -> list[_Request]:
-        """Prefill the admitted requests, advance the running ones by a token, repack if needed.
-
-        Returns the requests that left the batch, each with its session's keys and values in `kv_out`.
-        """
+        """Prefill the admitted requests and move them into the batch; advance every request in the
+        batch by a token. Returns the requests that finished, each with its session's keys and values
+        in `kv_out`."""
         with torch.inference_mode(), _eval_mode(self.model):
-            running = self._running
-            fresh = _Batch.pack(admitted, [r.past for r in admitted], self.device)
-            for r in admitted:
-                r.past = None
+            done = []
             if admitted:
-                self._sample(admitted, self._prefill(fresh))
-            if running.requests:
-                feeds = [r.feed for r in running.requests]
-                self._sample(
-                    running.requests, running.forward(self.model, self._cache_kwarg, feeds)
+                fresh = _Slots(
+                    self._shape,
+                    rows=len(admitted),
+                    max_rows=len(admitted),
+                    left=max(len(r.session.tokens) for r in admitted),
+                    right=min(self.prefill_chunk, max(len(r.feed) for r in admitted)),
                 )
-
-            done = [r for r in running.requests + admitted if r.finish_reason or r.abandoned]
-            if not (admitted or done):
-                return []
-            live: list[_Request] = []
-            kvs: list[KV | None] = []
-            for batch in (running, fresh):
-                for row, r in enumerate(batch.requests):
-                    if r in done:  # parked: it must own its memory, not pin the batch's
-                        r.kv_out = batch.extract(row, copy=True)
+                for r in admitted:
+                    fresh.place(r, r.past)
+                    r.past = None
+                self._sample(admitted, self._prefill(fresh))
+                for r in admitted:
+                    if r.finish_reason:  # parked: it must own its memory, not pin the batch's
+                        r.kv_out = fresh.take(r, copy=True)
+                        done.append(r)
                     else:
-                        live.append(r)
-                        kvs.append(batch.extract(row, copy=False))
-            self._running = _Batch.pack(live, kvs, self.device)
+                        self._running.place(r, fresh.take(r, copy=False))
+
+            requests = self._running.requests
+            slots = [slot for slot, r in enumerate(requests) if r is not None]
+            running = [requests[slot] for slot in slots]
+            if running:
+                feeds = [r.feed if r is not None else [] for r in requests]
+                logits = self._running.forward(self.model, self._cache_kwarg, feeds)
+                self._sample(running, logits[slots])
+            for r in running:
+                if r.finish_reason or r.abandoned:
+                    r.kv_out = self._running.take(r, copy=True)
+                    done.append(r)
             return done
 
-    def _prefill(self, batch: _Batch) -> torch.Tensor:
+    def _prefill(self, batch: _Slots) -> torch.Tensor:
         """Run the rows' feeds in chunks of at most `prefill_chunk` tokens (the attention mask of a
-        chunk is chunk x context, per row); the logits after each row's last token."""
-        logits: list[torch.Tensor | None] = [None] * len(batch.requests)
-        while any(r.feed for r in batch.requests):
-            feeds = [r.feed[: self.prefill_chunk] for r in batch.requests]
-            for r in batch.requests:
+        chunk is chunk x context, per row); the logits after each row's last token, in row order."""
+        requests = batch.requests  # every row of a prefill batch is in use, in admission order
+        logits: list[torch.Tensor | None] = [None] * len(requests)
+        while any(r.feed for r in requests):
+            feeds = [r.feed[: self.prefill_chunk] for r in requests]
+            for r in requests:
                 r.feed = r.feed[self.prefill_chunk :]
             chunk_logits = batch.forward(self.model, self._cache_kwarg, feeds)
-            for row, (r, feed) in enumerate(zip(batch.requests, feeds, strict=True)):
+            for row, (r, feed) in enumerate(zip(requests, feeds, strict=True)):
                 if feed and not r.feed:
                     logits[row] = chunk_logits[row]
         return torch.stack(logits)
@@ -542,6 +593,9 @@ class HFEngine:
         if not r.future.done():
             r.future.set_result(r.generation())
 
+    def _empty_batch(self) -> _Slots:
+        return _Slots(self._shape, rows=0, max_rows=self.max_batch_size)
+
     def _evict(self) -> None:
         if self.max_parked_tokens is None:
             return
@@ -557,7 +611,7 @@ class HFEngine:
 
     def _fail(self, requests: list[_Request], error: Exception) -> None:
         """A forward pass failed: fail its requests and start over with an empty batch."""
-        self._running = _Batch.pack([], [], self.device)
+        self._running = self._empty_batch()
         for r in requests:
             r.session.running = None
             r.session.kv, r.session.tokens = None, []
