@@ -39,6 +39,17 @@ class ParsedTurn:
     invalid: str | None = None
 
 
+def split_call(text: str, opener: str, closer: str) -> tuple[str, str | None, bool]:
+    """(reasoning before the first call, the call's body or None without a call, whether it closed).
+    An unclosed call's body runs to the end of the text."""
+    at = text.find(opener)
+    if at < 0:
+        return text, None, False
+    start = at + len(opener)
+    end = text.find(closer, start)
+    return text[:at].rstrip(), text[start:] if end < 0 else text[start:end], end >= 0
+
+
 class CallDetector:
     """Finds the moment a complete tool call has been generated, fed one text delta at a time.
 

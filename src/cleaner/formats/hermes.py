@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cleaner.formats.base import TOOL_NAME, CallDetector, ParsedTurn
+from cleaner.formats.base import TOOL_NAME, CallDetector, ParsedTurn, split_call
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _SENTINEL = "\u2063CLEANER-SPLICE\u2063"  # invisible separator: never in real assistant text
@@ -54,19 +54,14 @@ class HermesFormat:
 
     def parse(self, text: str) -> ParsedTurn:
         """Split one assistant message into reasoning and the first tool call (if any)."""
-        at = text.find(OPEN)
-        if at < 0:
+        reasoning, body, closed = split_call(text, OPEN, CLOSE)
+        if body is None:
             return ParsedTurn(reasoning=text, code=None)
-        reasoning = text[:at].rstrip()
-        body_start = at + len(OPEN)
-        end = text.find(CLOSE, body_start)
-        if end < 0:
+        if not closed:
             return ParsedTurn(
-                reasoning,
-                code=text[body_start:].strip(),
-                invalid=f"unterminated tool call: no {CLOSE}",
+                reasoning, code=body.strip(), invalid=f"unterminated tool call: no {CLOSE}"
             )
-        body = text[body_start:end].strip()
+        body = body.strip()
         code, why = _code_from_call(body)
         if why is not None:
             return ParsedTurn(reasoning, code=body, invalid=why)

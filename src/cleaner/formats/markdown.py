@@ -6,7 +6,7 @@ assistant message as a fenced `output` block, after which generation continues.
 
 from __future__ import annotations
 
-from cleaner.formats.base import CallDetector, ParsedTurn
+from cleaner.formats.base import CallDetector, ParsedTurn, split_call
 
 OPEN, CLOSE = "```python", "\n```"
 
@@ -19,19 +19,14 @@ class MarkdownFormat:
         return CallDetector(OPEN, CLOSE)
 
     def parse(self, text: str) -> ParsedTurn:
-        at = text.find(OPEN)
-        if at < 0:
+        reasoning, body, closed = split_call(text, OPEN, CLOSE)
+        if body is None:
             return ParsedTurn(reasoning=text, code=None)
-        reasoning = text[:at].rstrip()
-        body_start = at + len(OPEN)
-        end = text.find(CLOSE, body_start)
-        if end < 0:
+        if not closed:
             return ParsedTurn(
-                reasoning,
-                code=text[body_start:].strip("\n"),
-                invalid="unterminated code block: no closing ```",
+                reasoning, code=body.strip("\n"), invalid="unterminated code block: no closing ```"
             )
-        info, newline, code = text[body_start:end].partition("\n")
+        info, newline, code = body.partition("\n")
         if info.strip() not in ("", "3"):  # ```python3 is fine, ```python print(1) is not
             return ParsedTurn(
                 reasoning,
