@@ -14,8 +14,10 @@ concurrent or killed builds never leave a half-written model behind.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -28,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cleaner.data import prompts
 from cleaner.formats import HermesFormat, observation_text
 from cleaner.tiny.model import ModelShape, build_model, parameter_count, save_model
 from cleaner.tiny.tokenizer import build_tokenizer
@@ -38,6 +41,8 @@ from cleaner.trajectory import Trajectory
 BUILD_VERSION = 1
 """Bump when trace generation or training changes what a given set of settings builds."""
 CACHE_ENV = "CLEANER_CACHE_DIR"
+HELD_OUT_OFFSET = 1_000
+"""Held-out traces for the digit-accuracy diagnostic use seed + this."""
 
 
 @dataclass(frozen=True)
@@ -45,18 +50,27 @@ class BootstrapSettings:
     """Everything that decides the built model; its hash names the cached copy."""
 
     seed: int = 0
-    n_traces: int = 3000
+    n_traces: int = 2000
     mix: TraceMix = field(default_factory=TraceMix)
     vocab_size: int = 2048
     shape: ModelShape = field(default_factory=ModelShape)
-    epochs: int = 3
+    short_prompt_epochs: int = 10
+    """Epochs of the first stage, on bare-question prompts (0 skips it). Copying numbers from the
+    question into code only emerges after ~1000 steps; short sequences make those steps cheap."""
+    short_batch_tokens: int = 2048
+    epochs: int = 1
+    """Epochs of the second stage, in the rollout's token layout."""
     learning_rate: float = 3e-3
     warmup_steps: int = 30
-    batch_tokens: int = 8192
+    batch_tokens: int = 4096
     """Padded tokens per optimiser step (sequences of similar length are batched together)."""
+    layout_steps: int | None = 150
+    """Cap on the second stage's steps: it adapts a model that already copies to the long prompt."""
     max_length: int = 1536
+    held_out_traces: int = 32
+    """Traces of another seed on which the digit-copying accuracy is measured."""
     max_steps: int | None = None
-    """Stop after this many optimiser steps (for quick test builds); None trains all epochs."""
+    """Stop each stage after this many optimiser steps (for quick test builds)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,7 +102,7 @@ def render_conversation(trajectory: Trajectory) -> list[dict[str, Any]]:
 
 
 def trace_tokens(
-    tokenizer, trajectory: Trajectory, *, tools: list[dict[str, Any]] = TOOLS
+    tokenizer, trajectory: Trajectory, *, tools: list[dict[str, Any]] | None = TOOLS
 ) -> TokenTrajectory:
     """The trace's tokens in the rollout's layout, as segments (the loss mask follows from them).
 
@@ -140,65 +154,95 @@ def _batches(lengths: list[int], batch_tokens: int, rng: random.Random) -> list[
     return batches
 
 
-def _masked_loss(model, ids, attention, labels):
-    """Token-mean cross-entropy of the next token, with the output head applied only where a
-    trained token is predicted (three quarters of each sequence is prompt and tool output)."""
-    import torch
+def _masked_loss(model, ids, attention, labels, shared_prefix: int = 0):
+    """Token-mean cross-entropy of the trained next tokens.
 
-    hidden = model.model(input_ids=ids, attention_mask=attention).last_hidden_state
-    targets = labels[:, 1:]
+    Every sequence starts with the same system block (the tool schema and the prompt's opening), so
+    its `shared_prefix` tokens are run once per batch and their keys and values repeated for every
+    row: the same result as running each row in full, at a fraction of the cost. The output head is
+    applied only where a trained token is predicted.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    body, rows = model.model, ids.shape[0]
+    # transformers renamed `past_key_values` to `cache` in 5.x; accept both spellings.
+    cache_arg = (
+        "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
+    )
+    cache = None
+    if shared_prefix:
+        cache = DynamicCache()
+        body(input_ids=ids[:1, :shared_prefix], use_cache=True, **{cache_arg: cache})
+        cache.batch_repeat_interleave(rows)
+    positions = torch.arange(shared_prefix, ids.shape[1]).expand(rows, -1)
+    hidden = body(
+        input_ids=ids[:, shared_prefix:],
+        attention_mask=attention,
+        position_ids=positions,
+        use_cache=cache is not None,
+        **{cache_arg: cache},
+    ).last_hidden_state
+    targets = labels[:, shared_prefix + 1 :]
     where = targets != -100
     logits = model.lm_head(hidden[:, :-1][where])
     return torch.nn.functional.cross_entropy(logits.float(), targets[where])
 
 
+def shared_prefix_length(examples: list[tuple[list[int], list[int]]]) -> int:
+    """Tokens every example starts with, stopping before the first trained token of any of them."""
+    first, length = examples[0][0], len(examples[0][0])
+    for ids, mask in examples:
+        length = min(length, mask.index(1) if 1 in mask else len(ids))
+        length = next((i for i in range(length) if ids[i] != first[i]), length)
+    return length
+
+
 def train_sft(
     model,
     examples: list[tuple[list[int], list[int]]],
-    settings: BootstrapSettings,
     *,
+    epochs: int,
+    learning_rate: float,
+    batch_tokens: int,
+    warmup_steps: int,
     pad_id: int,
+    seed: int = 0,
+    max_steps: int | None = None,
+    evaluate: Callable[[], float] | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Fit `model` on (token ids, loss mask) pairs: token-mean cross-entropy on masked-in tokens."""
+    """Fit `model` on (token ids, loss mask) pairs: token-mean cross-entropy on masked-in tokens,
+    AdamW with linear warm-up and cosine decay, batches of similar-length sequences."""
     import torch
 
-    torch.manual_seed(settings.seed)
-    rng = random.Random(settings.seed)
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
     lengths = [len(ids) for ids, _ in examples]
-    steps_per_epoch = len(_batches(lengths, settings.batch_tokens, random.Random(0)))
-    total = steps_per_epoch * settings.epochs
-    if settings.max_steps is not None:
-        total = min(total, settings.max_steps)
+    shared_prefix = shared_prefix_length(examples)
+    total = len(_batches(lengths, batch_tokens, random.Random(0))) * epochs
+    if max_steps is not None:
+        total = min(total, max_steps)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=settings.learning_rate, betas=(0.9, 0.95), weight_decay=0.01
+        model.parameters(), lr=learning_rate, betas=(0.9, 0.95), weight_decay=0.01
     )
 
     def lr_at(step: int) -> float:  # linear warm-up, cosine decay to a tenth
-        if step < settings.warmup_steps:
-            return (step + 1) / settings.warmup_steps
-        progress = (step - settings.warmup_steps) / max(1, total - settings.warmup_steps)
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total - warmup_steps)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
     model.train()
     step, started, epoch_losses, trained_tokens = 0, time.monotonic(), [], 0
-    for epoch in range(settings.epochs):
+    for epoch in range(epochs):
         loss_sum, token_sum = 0.0, 0
-        for batch in _batches(lengths, settings.batch_tokens, rng):
+        for batch in _batches(lengths, batch_tokens, rng):
             if step >= total:
                 break
-            width = max(lengths[i] for i in batch)
-            ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-            labels = torch.full((len(batch), width), -100, dtype=torch.long)
-            attention = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, i in enumerate(batch):
-                seq, mask = examples[i]
-                ids[row, : len(seq)] = torch.tensor(seq)
-                attention[row, : len(seq)] = 1
-                keep = torch.tensor(mask, dtype=torch.bool)
-                labels[row, : len(seq)] = torch.where(keep, torch.tensor(seq), -100)
-            loss = _masked_loss(model, ids, attention, labels)
+            ids, attention, labels = _pad([examples[i] for i in batch], pad_id)
+            loss = _masked_loss(model, ids, attention, labels, shared_prefix)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -210,10 +254,12 @@ def train_sft(
             step += 1
         if token_sum:
             epoch_losses.append(round(loss_sum / token_sum, 4))
+            score = "" if evaluate is None else f", held-out digit accuracy {evaluate()}"
             log(
-                f"epoch {epoch + 1}/{settings.epochs}: loss {epoch_losses[-1]:.4f} "
-                f"({step} steps, {time.monotonic() - started:.0f} s)"
+                f"epoch {epoch + 1}/{epochs}: loss {epoch_losses[-1]:.4f} "
+                f"({step} steps, {time.monotonic() - started:.0f} s{score})"
             )
+            model.train()
         if step >= total:
             break
     seconds = time.monotonic() - started
@@ -224,6 +270,57 @@ def train_sft(
         "seconds": round(seconds, 1),
         "tokens_per_second": round(trained_tokens / max(seconds, 1e-9)),
     }
+
+
+def _pad(examples: list[tuple[list[int], list[int]]], pad_id: int):
+    """Right-padded ids, attention mask, and labels (-100 wherever the loss mask is 0)."""
+    import torch
+
+    width = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), -100, dtype=torch.long)
+    attention = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, (seq, mask) in enumerate(examples):
+        seq_t = torch.tensor(seq)
+        ids[row, : len(seq)] = seq_t
+        attention[row, : len(seq)] = 1
+        labels[row, : len(seq)] = torch.where(torch.tensor(mask, dtype=torch.bool), seq_t, -100)
+    return ids, attention, labels
+
+
+def digit_accuracy(model, tokenizer, examples: list[tuple[list[int], list[int]]]) -> float:
+    """Teacher-forced: the fraction of trained digit tokens the model predicts exactly (argmax).
+
+    Digits in the assistant's text are copied from the question or the tool output, so this
+    measures whether the model has learned to copy numbers, which accuracy depends on.
+    """
+    import torch
+
+    digit_ids = {i for i in range(len(tokenizer)) if tokenizer.decode([i]).strip().isdigit()}
+    right = total = 0
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(examples), 16):
+            ids, attention, labels = _pad(examples[start : start + 16], tokenizer.pad_token_id)
+            logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+            targets = labels[:, 1:]
+            is_digit = torch.isin(targets, torch.tensor(sorted(digit_ids)))
+            right += int((logits.argmax(-1)[is_digit] == targets[is_digit]).sum())
+            total += int(is_digit.sum())
+    return round(right / max(total, 1), 3)
+
+
+def short_prompt(trajectory: Trajectory) -> Trajectory:
+    """The trace with the bare question as its prompt (no reference-prompt wrapping).
+
+    Used only for the first training stage, rendered without the tool schema: sequences a third as
+    long, so the model gets many cheap steps to learn the copying of numbers (question -> code ->
+    output -> answer) before it adapts to the full rollout layout.
+    """
+    content = trajectory.prompt[-1]["content"]
+    if content.startswith(prompts.MATH_INTRO) and prompts.TOOL_HINT in content:
+        content = content[len(prompts.MATH_INTRO) : content.index(prompts.TOOL_HINT)]
+    return dataclasses.replace(trajectory, prompt=[{"role": "user", "content": content}])
 
 
 # ----------------------------------------------------------------------------- building
@@ -240,7 +337,18 @@ def build(
 
     timings: dict[str, float] = {}
     clock = time.monotonic()
-    traces, stats = generate_traces(settings.n_traces, seed=settings.seed, mix=settings.mix)
+    from cleaner.sandbox.sync import SyncSandbox
+
+    with SyncSandbox(workers=1) as sandbox:
+        traces, stats = generate_traces(
+            settings.n_traces, seed=settings.seed, mix=settings.mix, sandbox=sandbox
+        )
+        held_out, _ = generate_traces(
+            settings.held_out_traces,
+            seed=settings.seed + HELD_OUT_OFFSET,
+            mix=settings.mix,
+            sandbox=sandbox,
+        )
     timings["traces_s"] = round(time.monotonic() - clock, 1)
     log(f"{stats.traces} traces ({stats.failing_traces} with failures) in {timings['traces_s']} s")
 
@@ -253,11 +361,21 @@ def build(
         for t in traces
     ]
     tokenizer = build_tokenizer(corpus, vocab_size=settings.vocab_size)
-    examples = []
-    for trace in traces:
-        tokens = trace_tokens(tokenizer, trace)
-        ids, mask = tokens.token_ids, tokens.loss_mask
-        examples.append((ids[: settings.max_length], mask[: settings.max_length]))
+
+    def examples_of(trajectories, *, short: bool = False):
+        out = []
+        for trace in trajectories:
+            if short:
+                tokens = trace_tokens(tokenizer, short_prompt(trace), tools=None)
+            else:
+                tokens = trace_tokens(tokenizer, trace)
+            out.append(
+                (tokens.token_ids[: settings.max_length], tokens.loss_mask[: settings.max_length])
+            )
+        return out
+
+    examples, held_out_examples = examples_of(traces), examples_of(held_out)
+    held_out_short = examples_of(held_out, short=True)
     lengths = sorted(len(ids) for ids, _ in examples)
     timings["tokenize_s"] = round(time.monotonic() - clock, 1)
 
@@ -267,8 +385,41 @@ def build(
         f"tiny Qwen3: {parameter_count(model) / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}, "
         f"{sum(lengths)} tokens in {len(examples)} sequences"
     )
-    training = train_sft(model, examples, settings, pad_id=tokenizer.pad_token_id, log=log)
-    timings["train_s"] = training.pop("seconds")
+    stages = []
+    common = dict(
+        learning_rate=settings.learning_rate,
+        warmup_steps=settings.warmup_steps,
+        pad_id=tokenizer.pad_token_id,
+        seed=settings.seed,
+        max_steps=settings.max_steps,
+        log=log,
+    )
+    if settings.short_prompt_epochs:
+        log("stage 1: bare-question prompts")
+        short = train_sft(
+            model,
+            examples_of(traces, short=True),
+            epochs=settings.short_prompt_epochs,
+            batch_tokens=settings.short_batch_tokens,
+            evaluate=lambda: digit_accuracy(model, tokenizer, held_out_short),
+            **common,
+        )
+        short["held_out_digit_accuracy"] = digit_accuracy(model, tokenizer, held_out_examples)
+        stages.append({"stage": "short_prompt", **short})
+        log(f"held-out digit accuracy {short['held_out_digit_accuracy']}")
+    log("stage 2: the rollout layout")
+    layout_steps = [n for n in (settings.layout_steps, settings.max_steps) if n is not None]
+    full = train_sft(
+        model,
+        examples,
+        epochs=settings.epochs,
+        batch_tokens=settings.batch_tokens,
+        **{**common, "max_steps": min(layout_steps, default=None)},
+    )
+    full["held_out_digit_accuracy"] = digit_accuracy(model, tokenizer, held_out_examples)
+    stages.append({"stage": "rollout_layout", **full})
+    log(f"held-out digit accuracy {full['held_out_digit_accuracy']}")
+    timings["train_s"] = round(sum(stage.pop("seconds") for stage in stages), 1)
 
     save_model(model, tokenizer, out_dir)
     report = {
@@ -285,7 +436,8 @@ def build(
             },
         },
         "model": {"parameters": parameter_count(model), "vocab_size": len(tokenizer)},
-        "training": training,
+        "training": stages,
+        "final_loss": stages[-1]["epoch_losses"][-1] if stages[-1]["epoch_losses"] else None,
         "timings": timings,
     }
     (Path(out_dir) / "bootstrap.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -430,7 +582,7 @@ def bootstrap_command(
     report = json.loads((path / "bootstrap.json").read_text())
     log(
         f"model: {path} ({report['model']['parameters'] / 1e6:.2f}M parameters, "
-        f"final loss {report['training']['epoch_losses'][-1]})"
+        f"final loss {report['final_loss']})"
     )
     if check > 0:
         from cleaner.tiny.check import check_model

@@ -1,7 +1,7 @@
 """A quick, honest check of a bootstrapped model: sample it on held-out problems with real tool calls.
 
-This is a check, not the rollout engine (that is `cleaner rollout`): one problem at a time through
-`model.generate`, stopping at `</tool_call>` or the end of the turn, running the model's own code in
+This is a check, not the rollout engine (that is `cleaner rollout`): batches of problems through
+`model.generate`, one assistant turn per round, stopping at `</tool_call>` or the end of the turn, running the model's own code in
 the sandbox and splicing the observation's tokens, up to a few tool calls. No SAAR, no error ever
 injected: every failure counted here is raised by code the model wrote (or a call it malformed).
 """
@@ -65,6 +65,7 @@ def check_model(
     max_tool_calls: int = 4,
     max_new_tokens: int = 256,
     tasks: tuple[str, ...] = TRACE_TASKS,
+    batch_size: int = 32,
     sandbox=None,
 ) -> CheckResult:
     """Sample one trajectory per held-out problem (an even mix of `tasks`) and score it.
@@ -94,61 +95,91 @@ def check_model(
     torch.manual_seed(seed)
     result = CheckResult([], temperature, 0.0, 0)
     started = time.monotonic()
+    contexts = [
+        tokenizer.apply_chat_template(
+            p.prompt, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for p in problems
+    ]
+    turns: list[list[Turn]] = [[] for _ in problems]
+    open_rows = list(range(len(problems)))
     try:
-        for problem in problems:
-            ids = tokenizer.apply_chat_template(
-                problem.prompt,
-                tools=TOOLS,
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=False,
-            )
-            turns: list[Turn] = []
-            for _ in range(max_tool_calls + 1):
-                with torch.no_grad():
-                    out = model.generate(
-                        torch.tensor([ids]),
-                        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                        do_sample=temperature > 0,
-                        temperature=temperature if temperature > 0 else None,
-                        top_k=0,
-                        top_p=1.0,
-                        max_new_tokens=max_new_tokens,
-                        eos_token_id=stop_ids,
-                        pad_token_id=tokenizer.pad_token_id,
-                    )
-                new = out[0, len(ids) :].tolist()
-                result.generated_tokens += len(new)
-                text = tokenizer.decode(new, skip_special_tokens=False)
-                if (
-                    not new or new[-1] != stop_ids[1]
-                ):  # a final answer (or the token budget ran out)
-                    turns.append(Turn(text.removesuffix(tokenizer.eos_token)))
-                    break
-                parsed = fmt.parse(text)
-                if parsed.invalid:
-                    observation = Observation("invalid", reason=parsed.invalid)
-                else:
-                    observation = sandbox.run(parsed.code).to_observation()
-                    observation.extra = {}
-                if not observation.ok:
-                    result.error_types[observation.error_type or observation.status] += 1
-                turns.append(Turn(parsed.reasoning, parsed.code, observation))
-                ids = ids + new + fmt.observation_ids(tokenizer, observation_text(observation))
-            final = turns[-1].reasoning if turns[-1].code is None else ""
-            score = score_gym(final, problem.metadata["task"], problem.metadata["entry"])
-            result.trajectories.append(
-                Trajectory(
-                    id=problem.id,
-                    prompt=problem.prompt,
-                    turns=turns,
-                    answer=score.predicted,
-                    reward=1.0 if score.correct else 0.0,
-                    extra={"task": problem.metadata["task"], "reference": problem.answer},
+        # All open trajectories advance one assistant turn per round, in batches.
+        for round_index in range(max_tool_calls + 1):
+            still_open = []
+            for at in range(0, len(open_rows), batch_size):
+                rows = open_rows[at : at + batch_size]
+                samples = _sample(
+                    model,
+                    tokenizer,
+                    [contexts[r] for r in rows],
+                    stop_ids,
+                    temperature=temperature,
+                    max_new_tokens=max_new_tokens,
                 )
-            )
+                for row, new in zip(rows, samples, strict=True):
+                    result.generated_tokens += len(new)
+                    text = tokenizer.decode(new, skip_special_tokens=False)
+                    if not new or new[-1] != stop_ids[1]:  # an answer, or out of tokens
+                        turns[row].append(Turn(text.removesuffix(tokenizer.eos_token)))
+                        continue
+                    parsed = fmt.parse(text)
+                    if parsed.invalid:
+                        observation = Observation("invalid", reason=parsed.invalid)
+                    else:
+                        observation = sandbox.run(parsed.code).to_observation()
+                        observation.extra = {}
+                    if not observation.ok:
+                        result.error_types[observation.error_type or observation.status] += 1
+                    turns[row].append(Turn(parsed.reasoning, parsed.code, observation))
+                    shown = observation_text(observation)
+                    contexts[row] = contexts[row] + new + fmt.observation_ids(tokenizer, shown)
+                    if round_index < max_tool_calls:
+                        still_open.append(row)
+            open_rows = still_open
     finally:
         if own:
             sandbox.close()
+    for problem, problem_turns in zip(problems, turns, strict=True):
+        last = problem_turns[-1]
+        final = last.reasoning if last.code is None else ""
+        score = score_gym(final, problem.metadata["task"], problem.metadata["entry"])
+        result.trajectories.append(
+            Trajectory(
+                id=problem.id,
+                prompt=problem.prompt,
+                turns=problem_turns,
+                answer=score.predicted,
+                reward=1.0 if score.correct else 0.0,
+                extra={"task": problem.metadata["task"], "reference": problem.answer},
+            )
+        )
     result.seconds = time.monotonic() - started
     return result
+
+
+def _sample(model, tokenizer, contexts, stop_ids, *, temperature, max_new_tokens):
+    """One assistant turn for each context (left-padded batch); each cut after its stop token."""
+    import torch
+
+    width = max(len(c) for c in contexts)
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts])
+    attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=attention,
+            do_sample=temperature > 0,
+            temperature=temperature if temperature > 0 else None,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=stop_ids,
+            pad_token_id=pad,
+        )
+    samples = []
+    for row in out[:, width:].tolist():
+        end = next((i + 1 for i, t in enumerate(row) if t in stop_ids), len(row))
+        samples.append(row[:end])
+    return samples

@@ -26,6 +26,8 @@ class ModelShape:
     heads: int = 4
     kv_heads: int = 2
     intermediate_size: int = 384
+    head_dim: int | None = None
+    """None: hidden_size // heads."""
     max_positions: int = 4096
 
     def to_dict(self) -> dict[str, int]:
@@ -41,7 +43,7 @@ def tiny_config(tokenizer: PreTrainedTokenizerBase, shape: ModelShape | None = N
         num_hidden_layers=shape.layers,
         num_attention_heads=shape.heads,
         num_key_value_heads=shape.kv_heads,
-        head_dim=shape.hidden_size // shape.heads,
+        head_dim=shape.head_dim or shape.hidden_size // shape.heads,
         intermediate_size=shape.intermediate_size,
         max_position_embeddings=shape.max_positions,
         tie_word_embeddings=True,  # most of a tiny model's parameters would be the two embeddings
