@@ -83,11 +83,14 @@ def sandbox_processes() -> list[int]:
     return found
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def nothing_left_behind():
+    """After each module (its sandboxes closed): no process or file it started is left. Compared
+    with what existed before, so a sandbox that other tests of this session keep open is not ours."""
+    processes, files = set(sandbox_processes()), set(leftovers())
     yield
-    assert sandbox_processes() == [], "sandbox processes left running after the tests"
-    assert leftovers() == [], "files left on the host after the sandbox tests"
+    assert set(sandbox_processes()) - processes == set(), "sandbox processes left running"
+    assert set(leftovers()) - files == set(), "files left on the host"
 
 
 @pytest.fixture
