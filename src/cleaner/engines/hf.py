@@ -202,7 +202,9 @@ class _Slots:
             rows = len(self.requests)
             if None not in self.requests:
                 rows = min(max(1, 2 * rows), self.max_rows)
-            self._reallocate(rows, left=max(0, length - (self.end - self.start)), right=0)
+            spare = self.keys[0].shape[2] - self.end
+            window = self.end - self.start
+            self._reallocate(rows, left=max(0, length - window) + self._headroom(), right=spare)
         slot = self.requests.index(None)
         self.requests[slot] = request
         self.start = min(self.start, self.end - length)
@@ -232,8 +234,8 @@ class _Slots:
         slot_feeds = feeds[:rows]
         n = max(len(f) for f in slot_feeds)
         if self.end + n > self.keys[0].shape[2]:
-            window = self.end - self.start
-            self._reallocate(len(self.requests), left=0, right=n + max(64, window // 4))
+            headroom = self._headroom()
+            self._reallocate(len(self.requests), left=headroom, right=n + headroom)
 
         device = self.valid.device
         ids = torch.tensor([[0] * (n - len(f)) + f for f in slot_feeds], device=device)
@@ -291,6 +293,11 @@ class _Slots:
         if copy and contiguous:
             kv = [(k.clone(), v.clone()) for k, v in kv]
         return kv
+
+    def _headroom(self) -> int:
+        """Spare columns to leave on each side when reallocating: on the right for the coming steps,
+        on the left for requests joining with more tokens than the live rows hold."""
+        return max(64, (self.end - self.start) // 4)
 
     def _reallocate(self, rows: int, left: int, right: int) -> None:
         """Move the live columns of every row into new buffers of `rows` rows, with `left` free
