@@ -316,6 +316,15 @@ async def test_one_generation_at_a_time_per_session(model, chatml_tokenizer):
     await first
 
 
+async def test_from_pretrained_loads_a_saved_model(model, chatml_tokenizer, tmp_path):
+    model.save_pretrained(tmp_path)
+    chatml_tokenizer.save_pretrained(tmp_path)
+    engine = HFEngine.from_pretrained(str(tmp_path), dtype=torch.float32, max_batch_size=4)
+    context = random_ids(random.Random(14), 10, len(chatml_tokenizer))
+    generation = await engine.generate("s", context, SamplingParams(max_new_tokens=5, seed=0))
+    assert_matches_reference(model, context, generation)
+
+
 def test_text_stream_holds_back_split_characters(chatml_tokenizer):
     text = "héllo wörld — 数学 🙂 done"
     ids = chatml_tokenizer.encode(text, add_special_tokens=False)
