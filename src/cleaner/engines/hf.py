@@ -31,7 +31,6 @@ attention implementation must take a 4-D mask: `sdpa` (the default) or `eager`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import itertools
 from collections import deque
@@ -471,6 +470,10 @@ class HFEngine:
     # --- the scheduler -------------------------------------------------------------------------------
 
     async def _schedule(self) -> None:
+        # Sample in eval mode (no dropout) even from a model that a trainer left in training mode,
+        # and give it back as it was when the engine goes idle.
+        training = self.model.training
+        self.model.eval()
         try:
             while self._waiting or self._running.active:
                 admitted = self._admit()
@@ -489,6 +492,7 @@ class HFEngine:
                 for r in done:
                     self._finish(r)
         finally:
+            self.model.train(training)
             self._scheduler = None
 
     def _admit(self) -> list[_Request]:
@@ -520,7 +524,7 @@ class HFEngine:
         """Prefill the admitted requests and move them into the batch; advance every request in the
         batch by a token. Returns the requests that finished, each with its session's keys and values
         in `kv_out`."""
-        with torch.inference_mode(), _eval_mode(self.model):
+        with torch.inference_mode():
             done = []
             if admitted:
                 fresh = _Slots(
@@ -624,17 +628,6 @@ class HFEngine:
             r.session.kv, r.session.tokens = None, []
             if not r.future.done():
                 r.future.set_exception(error)
-
-
-@contextlib.contextmanager
-def _eval_mode(model):
-    """Sample in eval mode (no dropout) even from a model that a trainer left in training mode."""
-    training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(training)
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
