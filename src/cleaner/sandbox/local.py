@@ -278,7 +278,8 @@ class Sandbox:
         return lost
 
     def _least_loaded(self) -> Worker:
-        return min(self.workers, key=lambda w: w.pending)
+        # Among the least loaded, the one idle longest: it has finished its cleanup and spare fork.
+        return min(self.workers, key=lambda w: (w.pending, w.last_reply))
 
     def _check_open(self) -> None:
         if self._closed:

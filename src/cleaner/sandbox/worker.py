@@ -17,6 +17,7 @@ import signal
 import socket
 import struct
 import subprocess
+import time
 from typing import Any
 
 from cleaner.sandbox.isolation import (
@@ -61,6 +62,8 @@ class Worker:
         self.lock = asyncio.Lock()
         self.pending = 0
         """Callers waiting for or holding the lock: the pool sends new work to the least loaded."""
+        self.last_reply = 0.0
+        """When it last answered: after a reply the zygote still cleans up and forks a spare."""
         self.generation = 0
         """Incremented at every (re)start: sessions of an older generation lost their state."""
         self.sessions: set[str] = set()
@@ -161,7 +164,9 @@ class Worker:
         try:
             self.writer.write(HEADER.pack(len(data)) + data)
             await self.writer.drain()
-            return await asyncio.wait_for(self._read_frame(), timeout)
+            reply = await asyncio.wait_for(self._read_frame(), timeout)
+            self.last_reply = time.monotonic()
+            return reply
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError) as e:
             why = "stopped answering" if isinstance(e, asyncio.TimeoutError) else "died"
             await self.kill()
