@@ -553,7 +553,7 @@ def exec_(
     ] = None,
 ) -> None:
     """Run untrusted Python in the sandbox; lines of one session run in order in one interpreter."""
-    from cleaner.sandbox import exec_file
+    from cleaner.sandbox import IsolationUnavailable, exec_file
 
     if not input.is_file():
         raise fail(f"{input}: no such file")
@@ -568,6 +568,8 @@ def exec_(
             progress=err.is_terminal,
             url=url,
         )
+    except IsolationUnavailable as e:
+        raise fail(str(e)) from None
     except RecordError as e:
         raise fail(str(e), code=1) from None
     out.print(summary_table(f"{input} -> {output}", list(s.items())))

@@ -21,6 +21,7 @@ says so once, and every result reports the level.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import functools
@@ -68,8 +69,17 @@ class IsolationUnavailable(RuntimeError):
 
 CLONE_NEWNS = 0x00020000
 MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
-STAGE = "/tmp"
-"""Where the launcher mounts its staging tmpfs: in its own private mount namespace, not the host's."""
+
+
+@functools.cache
+def stage_root() -> str:
+    """Empty host directories the launcher bind-mounts hidden paths onto, in its own private mount
+    namespace (the host only ever sees them empty). Nothing is mounted over an existing directory,
+    so an installation or checkout under /tmp stays visible. Removed at exit."""
+    root = tempfile.mkdtemp(prefix="cleaner-stage-")
+    os.chmod(root, 0o755)
+    atexit.register(shutil.rmtree, root, True)
+    return root
 
 
 def reachable_by_others(path: str) -> bool:
@@ -103,7 +113,10 @@ class Launch:
         ):  # stage the outermost path only: relative links keep working
             if not reachable_by_others(path) and not any(path.startswith(h + "/") for h in hidden):
                 hidden.append(path)
-        return cls(SANDBOX_UID, tuple((p, f"{STAGE}/{i}") for i, p in enumerate(hidden)))
+        staged = tuple((p, os.path.join(stage_root(), str(i))) for i, p in enumerate(hidden))
+        for _, mount_point in staged:
+            os.makedirs(mount_point, mode=0o755, exist_ok=True)
+        return cls(SANDBOX_UID, staged)
 
     def source(self, path: str) -> str:
         """Where the launched bwrap finds host `path`."""
@@ -125,12 +138,7 @@ class Launch:
 
             check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
             check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
-            check(
-                libc.mount(b"tmpfs", STAGE.encode(), b"tmpfs", 0, b"mode=755,size=64k"),
-                "stage tmpfs",
-            )
             for host, staged in self.staged:
-                os.mkdir(staged, 0o755)
                 check(
                     libc.mount(host.encode(), staged.encode(), None, MS_BIND | MS_REC, None),
                     f"stage {host}",
@@ -209,8 +217,6 @@ def bwrap_command(
             cmd += ["--symlink", os.readlink(target), f"/{link}"]
         elif target.is_dir():
             cmd += ["--ro-bind", str(target), f"/{link}"]
-    for root in python_roots():
-        cmd += ["--ro-bind", launch.source(root), root]
     cmd += ["--ro-bind", launch.source(str(ZYGOTE)), "/zygote.py"]
     cmd += ["--dir", "/etc"]
     for name in ("ld.so.cache", "localtime"):
@@ -221,6 +227,9 @@ def bwrap_command(
     cmd += ["--dev", "/dev"]
     cmd += ["--size", str(scratch_mb << 20), "--tmpfs", "/tmp"]
     cmd += ["--size", str(min(scratch_mb, 64) << 20), "--tmpfs", "/dev/shm"]
+    # After the scratch tmpfs, which would otherwise hide an installation under /tmp (a venv there).
+    for root in python_roots():
+        cmd += ["--ro-bind", launch.source(root), root]
     cmd += ["--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
     for key, value in SANDBOX_ENV.items():
         cmd += ["--setenv", key, value]
