@@ -447,7 +447,7 @@ def build(
 def bootstrap(
     out_dir: str | os.PathLike,
     *,
-    seed: int = 0,
+    seed: int | None = None,
     n_traces: int | None = None,
     failure_rate: float | None = None,
     settings: BootstrapSettings | None = None,
@@ -456,16 +456,10 @@ def bootstrap(
 ) -> Path:
     """Build the tiny model into `out_dir` and return its path.
 
-    `seed`, `n_traces` and `failure_rate` override `settings` (the defaults otherwise). The model is
+    `seed`, `n_traces` and `failure_rate`, when given, override `settings` (the defaults otherwise). The model is
     built in a temporary directory next to `out_dir` and renamed into place when complete.
     """
-    settings = settings or BootstrapSettings()
-    overrides: dict[str, Any] = {"seed": seed}
-    if n_traces is not None:
-        overrides["n_traces"] = n_traces
-    if failure_rate is not None:
-        overrides["mix"] = TraceMix(**{**asdict(settings.mix), "failure_rate": failure_rate})
-    settings = BootstrapSettings(**{**_shallow_fields(settings), **overrides})
+    settings = _with_overrides(settings or BootstrapSettings(), seed, n_traces, failure_rate)
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out} is not empty (pass overwrite=True to replace it)")
@@ -479,8 +473,21 @@ def bootstrap(
     return out
 
 
-def _shallow_fields(settings: BootstrapSettings) -> dict[str, Any]:
-    return {name: getattr(settings, name) for name in settings.__dataclass_fields__}
+def _with_overrides(
+    settings: BootstrapSettings,
+    seed: int | None,
+    n_traces: int | None,
+    failure_rate: float | None,
+) -> BootstrapSettings:
+    mix = settings.mix
+    if failure_rate is not None:
+        mix = dataclasses.replace(mix, failure_rate=failure_rate)
+    return dataclasses.replace(
+        settings,
+        seed=settings.seed if seed is None else seed,
+        n_traces=settings.n_traces if n_traces is None else n_traces,
+        mix=mix,
+    )
 
 
 def _move_into_place(staging: Path, out: Path) -> None:
@@ -556,20 +563,7 @@ def bootstrap_command(
     Without `out` the per-machine cached default is used (built only if missing, or rebuilt with
     `force`). `check` > 0 samples that many held-out problems afterwards and prints the figures.
     """
-    base = BootstrapSettings()
-    settings = BootstrapSettings(
-        **{
-            **_shallow_fields(base),
-            "seed": seed,
-            "n_traces": n_traces if n_traces is not None else base.n_traces,
-            "mix": TraceMix(
-                **{
-                    **asdict(base.mix),
-                    **({} if failure_rate is None else {"failure_rate": failure_rate}),
-                }
-            ),
-        }
-    )
+    settings = _with_overrides(BootstrapSettings(), seed, n_traces, failure_rate)
     if out is None and force:
         path = default_model_dir(settings, build_if_missing=False)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -587,6 +581,9 @@ def bootstrap_command(
     if check > 0:
         from cleaner.tiny.check import check_model
 
-        result = check_model(path, n_problems=check)
-        log(json.dumps(result.summary(), indent=2))
+        summary = check_model(path, n_problems=check).summary()
+        log(json.dumps(summary, indent=2))
+        staged = path / ".check.json.tmp"
+        staged.write_text(json.dumps(summary, indent=2) + "\n")
+        os.replace(staged, path / "check.json")
     return path
