@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -74,14 +75,16 @@ def test_bootstrap_refuses_to_overwrite_without_being_asked(small_model):
 
 def test_default_model_is_built_once_and_cached_by_settings(tmp_path, monkeypatch):
     monkeypatch.setenv("CLEANER_CACHE_DIR", str(tmp_path))
-    cheaper = BootstrapSettings(**{**SMALL.__dict__, "n_traces": 8, "max_steps": 1})
+    cheaper = dataclasses.replace(
+        SMALL, n_traces=4, held_out_traces=2, short_prompt_epochs=0, max_steps=1
+    )
     path = default_model_dir(cheaper, log=lambda line: None)
     assert path.parent == tmp_path and path.name == f"tiny-{cheaper.key()}"
     stamp = (path / "bootstrap.json").stat().st_mtime_ns
     assert default_model_dir(cheaper, log=lambda line: None) == path
     assert (path / "bootstrap.json").stat().st_mtime_ns == stamp  # not rebuilt
     assert not list(tmp_path.glob(".*building*"))
-    other = BootstrapSettings(**{**cheaper.__dict__, "seed": 5})
+    other = dataclasses.replace(cheaper, seed=5)
     assert other.key() != cheaper.key()
     assert not default_model_dir(other, build_if_missing=False).exists()
 

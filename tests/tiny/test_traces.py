@@ -112,3 +112,19 @@ def test_rates_are_validated():
     with pytest.raises(ValueError, match="failure_rate"):
         TraceMix(failure_rate=1.5)
     assert dataclasses.asdict(TraceMix())["failure_rate"] == TraceMix().failure_rate
+
+
+def test_cleaner_purify_reads_the_traces_and_grafts_every_failure_away(traces, tmp_path):
+    from cleaner.jsonl import atomic_writer, dump_line
+    from cleaner.purify import purify_file
+
+    traces, stats = traces
+    raw = tmp_path / "traces.jsonl"
+    with atomic_writer(raw) as out:
+        for trace in traces:
+            out.write(dump_line(trace.to_dict()))
+    summary = purify_file(raw, tmp_path / "purified.jsonl")
+    assert summary.trajectories == len(traces)
+    assert summary.failed_calls == sum(t.failed_calls for t in traces) > 0
+    assert summary.failed_calls_after == 0 and summary.gave_up == 0
+    assert summary.shallow > 0 and summary.deep > 0

@@ -404,9 +404,12 @@ def build(
             evaluate=lambda: digit_accuracy(model, tokenizer, held_out_short),
             **common,
         )
-        short["held_out_digit_accuracy"] = digit_accuracy(model, tokenizer, held_out_examples)
+        short["held_out_digit_accuracy"] = digit_accuracy(model, tokenizer, held_out_short)
+        # the same model on the long prompt, before it has seen one
+        short["held_out_digit_accuracy_rollout_layout"] = digit_accuracy(
+            model, tokenizer, held_out_examples
+        )
         stages.append({"stage": "short_prompt", **short})
-        log(f"held-out digit accuracy {short['held_out_digit_accuracy']}")
     log("stage 2: the rollout layout")
     layout_steps = [n for n in (settings.layout_steps, settings.max_steps) if n is not None]
     full = train_sft(
