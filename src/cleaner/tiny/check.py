@@ -170,10 +170,12 @@ def _sample(model, tokenizer, contexts, stop_ids, *, temperature, max_new_tokens
         out = model.generate(
             ids,
             attention_mask=attention,
-            do_sample=temperature > 0,
-            temperature=temperature if temperature > 0 else None,
-            top_k=0,
-            top_p=1.0,
+            # plain sampling from the full distribution (no top-k/top-p), or greedy at 0
+            **(
+                {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+                if temperature > 0
+                else {"do_sample": False}
+            ),
             max_new_tokens=max_new_tokens,
             eos_token_id=stop_ids,
             pad_token_id=pad,
