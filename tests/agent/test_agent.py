@@ -77,11 +77,21 @@ def rendered(tokenizer, messages):
 
 
 def assistant_call(reasoning, code):
-    return {"role": "assistant", "content": reasoning,
-            "tool_calls": [{"type": "function", "function": {"name": "code_interpreter", "arguments": {"code": code}}}]}
+    return {
+        "role": "assistant",
+        "content": reasoning,
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {"name": "code_interpreter", "arguments": {"code": code}},
+            }
+        ],
+    }
 
 
-def test_a_clean_trajectory_is_spliced_exactly_as_the_template_renders_it(chatml_tokenizer, sandbox):
+def test_a_clean_trajectory_is_spliced_exactly_as_the_template_renders_it(
+    chatml_tokenizer, sandbox
+):
     def policy(context):
         if not responses(context):
             return call("Let me compute it.", "print(45 ** 2)")
@@ -92,13 +102,19 @@ def test_a_clean_trajectory_is_spliced_exactly_as_the_template_renders_it(chatml
     assert [turn.code for turn in t.turns] == ["print(45 ** 2)", None]
     assert t.turns[0].observation.stdout == "2025\n"
     assert t.extra["rollout"]["finish"] == "eos" and t.extra["rollout"]["tool_calls"] == 1
-    expected = rendered(chatml_tokenizer, [assistant_call("Let me compute it.", "print(45 ** 2)"),
-                                           {"role": "tool", "content": "2025\n"},
-                                           {"role": "assistant", "content": "The answer is \\boxed{2025}."}])
+    expected = rendered(
+        chatml_tokenizer,
+        [
+            assistant_call("Let me compute it.", "print(45 ** 2)"),
+            {"role": "tool", "content": "2025\n"},
+            {"role": "assistant", "content": "The answer is \\boxed{2025}."},
+        ],
+    )
     assert chatml_tokenizer.decode(out.token_ids) + "\n" == expected
     trained = [tok for tok, m in zip(out.token_ids, out.loss_mask, strict=True) if m]
-    assert chatml_tokenizer.decode(trained) == (call("Let me compute it.", "print(45 ** 2)")
-                                                + "The answer is \\boxed{2025}.<|im_end|>")
+    assert chatml_tokenizer.decode(trained) == (
+        call("Let me compute it.", "print(45 ** 2)") + "The answer is \\boxed{2025}.<|im_end|>"
+    )
     assert engine.closed == ["traj-0"]
 
 
@@ -122,9 +138,14 @@ def test_shallow_graft_purifies_the_context(chatml_tokenizer, sandbox):
     # the correction was sampled with the error in view; the final context has no trace of it
     assert "SyntaxError" in engine.requests[1] and "SyntaxError" not in engine.requests[2]
     assert "SyntaxError" not in chatml_tokenizer.decode(out.token_ids)
-    expected = rendered(chatml_tokenizer, [assistant_call("Sum the first ten integers.", "print(sum(range(10)))"),
-                                           {"role": "tool", "content": "45\n"},
-                                           {"role": "assistant", "content": "The answer is \\boxed{45}."}])
+    expected = rendered(
+        chatml_tokenizer,
+        [
+            assistant_call("Sum the first ten integers.", "print(sum(range(10)))"),
+            {"role": "tool", "content": "45\n"},
+            {"role": "assistant", "content": "The answer is \\boxed{45}."},
+        ],
+    )
     assert chatml_tokenizer.decode(out.token_ids) + "\n" == expected
     # kept reasoning is on-policy, the grafted call is not; both are trained
     origins = [s.origin for s in out.segments]
@@ -159,7 +180,9 @@ def test_gives_up_after_max_retries_with_a_hint_and_stays_raw_after(chatml_token
             return call("Divide.", "print(1/0)")
         return "The answer is \\boxed{0}."
 
-    out, engine = run(chatml_tokenizer, sandbox, policy, saar=SaarConfig(max_retries=2), max_turns=2)
+    out, engine = run(
+        chatml_tokenizer, sandbox, policy, saar=SaarConfig(max_retries=2), max_turns=2
+    )
     t = out.trajectory
     assert t.saar.gave_up and [g.attempt for g in t.saar.grafts] == [1, 2]
     assert t.turns[0].failed  # the last grafted turn keeps its error...
@@ -220,10 +243,14 @@ def test_turn_and_tool_call_budgets(chatml_tokenizer, sandbox):
         return call("Again.", "print(1)")
 
     out, _ = run(chatml_tokenizer, sandbox, always_call, max_turns=3)
-    assert len(out.trajectory.turns) == 3 and out.trajectory.extra["rollout"]["finish"] == "max_turns"
+    assert (
+        len(out.trajectory.turns) == 3 and out.trajectory.extra["rollout"]["finish"] == "max_turns"
+    )
     out, _ = run(chatml_tokenizer, sandbox, always_call, max_tool_calls=2)
     r = out.trajectory.extra["rollout"]
-    assert r["executions"] == 2 and r["finish"] == "max_tool_calls" and len(out.trajectory.turns) == 3
+    assert (
+        r["executions"] == 2 and r["finish"] == "max_tool_calls" and len(out.trajectory.turns) == 3
+    )
 
 
 def test_response_token_budget(chatml_tokenizer, sandbox):
@@ -253,4 +280,6 @@ def test_long_output_is_truncated_head_and_tail(chatml_tokenizer, sandbox):
     out, _ = run(chatml_tokenizer, sandbox, policy, observation_chars=100)
     shown = responses(chatml_tokenizer.decode(out.token_ids))[0]
     assert shown.startswith("a" * 50) and shown.endswith("END\n") and "characters omitted" in shown
-    assert len(out.trajectory.turns[0].observation.stdout) == 1004  # the record keeps the full output
+    assert (
+        len(out.trajectory.turns[0].observation.stdout) == 1004
+    )  # the record keeps the full output

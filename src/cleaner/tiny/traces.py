@@ -22,23 +22,11 @@ from typing import Any
 
 from cleaner.data.gym import load_gym
 from cleaner.data.problem import Problem
-from cleaner.formats import TOOL_NAME
+from cleaner.formats import TOOL_SCHEMA
 from cleaner.rewards.gym import score_gym
 from cleaner.trajectory import Trajectory, Turn
 
-CODE_INTERPRETER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": TOOL_NAME,
-        "description": "A tool for executing code.",
-        "parameters": {
-            "type": "object",
-            "properties": {"code": {"type": "string", "description": "The code to execute."}},
-            "required": ["code"],
-        },
-    },
-}
-"""The tool schema the chat template renders into the system block (verl's code tool config)."""
+CODE_INTERPRETER_TOOL = TOOL_SCHEMA
 TOOLS = [CODE_INTERPRETER_TOOL]
 
 TRACE_TASKS = (
