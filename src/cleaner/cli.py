@@ -15,7 +15,16 @@ from rich.table import Table
 from cleaner.config import ConfigError
 from cleaner.jsonl import RecordError
 
+
+def _quiet_libraries() -> None:
+    """transformers' per-file progress bars would drown the run's own lines."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 app = typer.Typer(
+    callback=_quiet_libraries,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -225,6 +234,14 @@ class _TrainDisplay:
         err.print(message, highlight=False)
 
     def step(self, step: int, m: dict) -> None:
+        if step == 0:  # the evaluation before training
+            err.print(
+                f"before training: eval acc {m['eval/accuracy']:.2f}  "
+                f"tool failures/traj {m['eval/failures_per_traj']:.2f}",
+                highlight=False,
+            )
+            self.started = time.time()
+            return
         if self.first_step is None:
             self.first_step = step - 1
         done = step - self.first_step
@@ -590,10 +607,6 @@ def sandbox_serve(
     from cleaner.sandbox import serve
 
     serve(host, port, workers=workers, timeout=timeout, memory_mb=memory_mb, isolation=isolation)
-
-
-def main() -> None:  # pragma: no cover - the console script
-    app()
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def test_two_steps_change_the_weights_and_write_every_artifact(random_policy, tm
         assert (run / name).is_file(), name
     assert list((run / "tensorboard").iterdir())
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the evaluation before training
     assert {
         "reward/accuracy",
         "tool/failures_per_traj",
@@ -83,8 +83,10 @@ def test_two_steps_change_the_weights_and_write_every_artifact(random_policy, tm
         "loss/entropy",
         "time/generation",
         "time/train",
-    } <= rows[0].keys()
-    assert "eval/accuracy" in rows[1] and "eval/accuracy" not in rows[0]
+    } <= rows[1].keys()
+    assert (
+        "eval/accuracy" in rows[0] and "eval/accuracy" in rows[2] and "eval/accuracy" not in rows[1]
+    )
     before = load_file(random_policy / "model.safetensors")
     after = weights(run)
     assert any(not (before[k] == after[k]).all() for k in before)
@@ -146,7 +148,7 @@ def test_resume_after_kill_reaches_the_same_result(random_policy, tmp_path):
             for line in (run / "metrics.jsonl").read_text().splitlines()
         ]
 
-    assert rows(straight) == rows(killed) and len(rows(killed)) == steps
+    assert rows(straight) == rows(killed) and len(rows(killed)) == steps + 1
 
 
 def test_resume_refuses_a_directory_without_a_run(tmp_path):

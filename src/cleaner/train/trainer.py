@@ -291,6 +291,13 @@ class Trainer:
                 cfg.rollout,
                 dataclasses.replace(cfg.saar, enabled=False),
             )
+            if (
+                cfg.train.eval_every and self.step == 0
+            ):  # the starting point (authors: val_before_train)
+                baseline = {"step": 0, **await self.evaluate()}
+                self.write_metrics(baseline)
+                if on_step:
+                    on_step(0, baseline)
             while self.step < cfg.train.steps:
                 metrics = await self.train_step()
                 self.step += 1
