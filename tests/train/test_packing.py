@@ -28,7 +28,7 @@ def sequences(lengths, seed=0):
     out = []
     for i, n in enumerate(lengths):
         ids = torch.randint(1, 97, (n,), generator=g).tolist()
-        mask = [0] * 3 + [1] * (n - 3)
+        mask = [0] * min(n, 3) + [1] * (n - 3)
         out.append(TrainSequence(ids, mask, [0] * n, [-1.0] * n, advantage=float(i)))
     return out
 
@@ -43,11 +43,12 @@ def alone(model, s):
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_packed_rows_give_each_sequence_its_own_logprobs(model, attn):
     model.config._attn_implementation = attn
-    seqs = sequences([5, 17, 9, 30, 4, 12, 3])
+    seqs = sequences([30, 25, 5, 4, 24])
     batches = pack(seqs, max_tokens=70)
-    # rows as wide as the longest (30), first-fit decreasing: [30], [17, 12], [9, 5, 4, 3]; two rows a batch
-    assert [mb.lengths for mb in batches] == [[[30], [17, 12]], [[9, 5, 4, 3]]]
-    assert [mb.order for mb in batches] == [[3, 1, 5], [2, 0, 4, 6]]
+    # 30 opens a batch 30 wide; 25 is close enough for a second row; 24 would pass 70 tokens, so it
+    # opens the next batch; 5 fills the gap beside 25; 4 is too narrow for the 24-wide batch
+    assert [mb.lengths for mb in batches] == [[[30], [25, 5]], [[24]], [[4]]]
+    assert [mb.order for mb in batches] == [[0, 1, 2], [4], [3]]
     assert all(mb.tokens <= 70 for mb in batches)
     got = {}
     with torch.no_grad():
@@ -66,29 +67,30 @@ def test_padded_batches_agree_with_packed(model):
     model.config._attn_implementation = "sdpa"
     seqs = sequences([6, 11, 8])
     (padded,) = pad(seqs, batch_size=3)
-    (packed,) = pack(seqs, max_tokens=1000)
+    packed = pack(seqs, max_tokens=1000)
     with torch.no_grad():
         by_pad = dict(
             zip(padded.order, padded.split(forward_logprobs(model, padded)[0]), strict=True)
         )
-        by_pack = dict(
-            zip(packed.order, packed.split(forward_logprobs(model, packed)[0]), strict=True)
-        )
+        by_pack = {
+            i: lp
+            for mb in packed
+            for i, lp in zip(mb.order, mb.split(forward_logprobs(model, mb)[0]), strict=True)
+        }
     for i in range(len(seqs)):
         torch.testing.assert_close(by_pad[i][:-1], by_pack[i][:-1], atol=1e-5, rtol=1e-5)
-    assert (
-        padded.loss_mask.sum() == packed.loss_mask.sum() == sum(sum(s.loss_mask[1:]) for s in seqs)
-    )
+    trained = sum(sum(s.loss_mask[1:]) for s in seqs)
+    assert padded.loss_mask.sum() == sum(mb.loss_mask.sum() for mb in packed) == trained
 
 
 def test_targets_are_shifted_and_the_boundary_is_masked():
-    seqs = sequences([4, 5, 9])
+    seqs = sequences([2, 8, 10])
     (mb,) = pack(seqs, max_tokens=100)
-    assert mb.lengths == [[9], [5, 4]] and mb.order == [2, 1, 0]
-    assert mb.targets[1, :4].tolist() == seqs[1].token_ids[1:]
-    assert mb.loss_mask[1, 4].item() == 0  # last token of a sequence never predicts the next one
-    assert mb.advantages[1].tolist() == [1.0] * 5 + [0.0] * 4
-    assert mb.position_ids[1].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3]
+    assert mb.lengths == [[10], [8, 2]] and mb.order == [2, 1, 0]
+    assert mb.targets[1, :7].tolist() == seqs[1].token_ids[1:]
+    assert mb.loss_mask[1, 7].item() == 0  # last token of a sequence never predicts the next one
+    assert mb.advantages[1].tolist() == [1.0] * 8 + [0.0] * 2
+    assert mb.position_ids[1].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 0, 1]
 
 
 def test_from_trajectory_marks_grafted_tokens():

@@ -150,39 +150,46 @@ def _tensors(
     )
 
 
-def pack(seqs: list[TrainSequence], max_tokens: int) -> list[MicroBatch]:
-    """Pack sequences into rows as wide as the longest sequence (first-fit decreasing), and rows into
-    micro-batches of at most `max_tokens` (at least one row each). `MicroBatch.order` maps each
-    packed sequence back to its index in `seqs`.
+def pack(seqs: list[TrainSequence], max_tokens: int, narrower: float = 0.8) -> list[MicroBatch]:
+    """Pack sequences, longest first, into micro-batches of rows of one width.
 
-    Rows are capped at the longest sequence because attention without a variable-length kernel
-    (SDPA, eager) costs the square of the row length whatever the block-diagonal mask hides: rows of
-    about one sequence's length keep that cost at the padded batch's, while the rest of the model
-    (projections, MLP, logits) no longer runs on padding. The layout depends only on the lengths.
+    A micro-batch's width is its first (longest) sequence's length. A sequence goes into the first
+    row with room in any micro-batch (a gap in a wider row costs nothing to fill), else into a new
+    row of the newest micro-batch if that stays within `max_tokens` and the sequence is at least
+    `narrower` times its width, else it opens the next, narrower micro-batch. Widths stay close to
+    the sequences they hold because attention without a variable-length kernel (SDPA, eager) costs
+    the square of the row width whatever the block-diagonal mask hides. `MicroBatch.order` maps each packed
+    sequence back to its index in `seqs`; the layout depends only on the lengths.
     """
-    if not seqs:
-        return []
-    width = max(len(s) for s in seqs)
-    rows: list[list[int]] = []
-    room: list[int] = []
+    batches: list[list[list[int]]] = []
+    room: list[list[int]] = []  # free tokens of every row, by batch
+    width = 0
     for i in sorted(range(len(seqs)), key=lambda i: (-len(seqs[i]), i)):
-        slot = next((r for r, free in enumerate(room) if free >= len(seqs[i])), None)
+        n = len(seqs[i])
+        slot = next(
+            ((b, r) for b, rows in enumerate(room) for r, free in enumerate(rows) if free >= n),
+            None,
+        )
         if slot is None:
-            rows.append([])
-            room.append(width)
-            slot = len(rows) - 1
-        rows[slot].append(i)
-        room[slot] -= len(seqs[i])
-    per_batch = max(1, max_tokens // width)
+            if batches and n >= narrower * width and (len(room[-1]) + 1) * width <= max_tokens:
+                batches[-1].append([])
+                room[-1].append(width)
+            else:
+                width = n
+                batches.append([[]])
+                room.append([width])
+            slot = (len(batches) - 1, len(room[-1]) - 1)
+        b, r = slot
+        batches[b][r].append(i)
+        room[b][r] -= n
     out = []
-    for b in range(0, len(rows), per_batch):
-        chunk = [[seqs[i] for i in row] for row in rows[b : b + per_batch]]
-        length = max(sum(len(s) for s in row) for row in chunk)
+    for rows in batches:
+        length = max(sum(len(seqs[i]) for i in row) for row in rows)
         out.append(
             _tensors(
-                [_row(row, length) for row in chunk],
-                [[len(s) for s in row] for row in chunk],
-                [list(row) for row in rows[b : b + per_batch]],
+                [_row([seqs[i] for i in row], length) for row in rows],
+                [[len(seqs[i]) for i in row] for row in rows],
+                [list(row) for row in rows],
                 with_attention_mask=False,
             )
         )
