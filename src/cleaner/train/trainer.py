@@ -291,9 +291,8 @@ class Trainer:
                 cfg.rollout,
                 dataclasses.replace(cfg.saar, enabled=False),
             )
-            if (
-                cfg.train.eval_every and self.step == 0
-            ):  # the starting point (authors: val_before_train)
+            # Where training starts from (the authors' val_before_train).
+            if cfg.train.eval_every and self.step == 0:
                 baseline = {"step": 0, **await self.evaluate()}
                 self.write_metrics(baseline)
                 if on_step:
@@ -588,7 +587,7 @@ def resume(
     trainer = Trainer(cfg, run_dir, log=log)
     last = checkpoint.latest(run_dir)
     trainer.setup(resume_from=last)
-    _truncate_metrics(run_dir / "metrics.jsonl", trainer.step)
+    _truncate_metrics(run_dir / "metrics.jsonl", trainer.step if last else -1)
     log(
         f"resuming {run_dir} at step {trainer.step}"
         if last
