@@ -11,6 +11,7 @@ correction prefills only the error message, and a graft only the grafted turn.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -67,8 +68,14 @@ class RolloutStats:
 class Rollout:
     """Turns prompts into token-level trajectories with one engine and one sandbox."""
 
-    def __init__(self, engine: Engine, sandbox: Any, tokenizer: Any, rollout: RolloutConfig,
-                 saar: SaarConfig | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        sandbox: Any,
+        tokenizer: Any,
+        rollout: RolloutConfig,
+        saar: SaarConfig | None = None,
+    ):
         self.engine, self.sandbox, self.tokenizer = engine, sandbox, tokenizer
         self.cfg = rollout
         self.saar = saar if saar is not None else SaarConfig(enabled=False)
@@ -78,10 +85,15 @@ class Rollout:
 
     def prompt_ids(self, prompt: list[dict[str, Any]]) -> list[int]:
         tools = [TOOL_SCHEMA] if self.fmt.name == "hermes" else None
-        return list(self.tokenizer.apply_chat_template(prompt, tools=tools, add_generation_prompt=True,
-                                                       tokenize=True, return_dict=False))
+        return list(
+            self.tokenizer.apply_chat_template(
+                prompt, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
 
-    async def run(self, trajectory_id: str, prompt: list[dict[str, Any]], seed: int) -> TokenTrajectory:
+    async def run(
+        self, trajectory_id: str, prompt: list[dict[str, Any]], seed: int
+    ) -> TokenTrajectory:
         """One trajectory. `trajectory_id` must be unique among those running at the same time."""
         cfg = self.cfg
         rng = random.Random(f"{seed}/{trajectory_id}")
@@ -101,8 +113,11 @@ class Rollout:
                 if step is None:
                     stats.finish = "length"
                     break
-                if step.turn.code is None or step.finish == "length" or (
-                        step.finish == "eos" and self.fmt.name == "markdown"):
+                if (
+                    step.turn.code is None
+                    or step.finish == "length"
+                    or (step.finish == "eos" and self.fmt.name == "markdown")
+                ):
                     steps.append(step)  # an answer, or a turn cut short: nothing to run
                     stats.finish = step.finish
                     break
@@ -111,20 +126,34 @@ class Rollout:
                     stats.finish = "max_tool_calls"
                     break
                 stats.tool_calls += 1
-                snapshot = await self.sandbox.snapshot(session) if (saar_active and session) else None
+                snapshot = await self._snapshot(session) if (saar_active and session) else None
                 step = await self._execute(step, session, stats)
                 kept = [step]
                 if step.turn.failed:
                     stats.first_attempt_failures += 1
                     stats.count_failure(step.turn.observation)
-                    if saar_active:
-                        kept = await self._saar(step, context, len(prompt_ids), len(steps), session, snapshot,
-                                                record, stats, trajectory_id, rng)
+                    # in stateful mode a correction needs the pre-failure state to run against
+                    if saar_active and (snapshot is not None or session is None):
+                        kept = await self._saar(
+                            step,
+                            context,
+                            len(prompt_ids),
+                            len(steps),
+                            session,
+                            snapshot,
+                            record,
+                            stats,
+                            trajectory_id,
+                            rng,
+                        )
                         saar_active = not record.gave_up
                 if snapshot is not None:
-                    await self.sandbox.release(session, snapshot)
+                    with contextlib.suppress(Exception):
+                        await self.sandbox.release(session, snapshot)
                 steps.extend(kept)
-                if kept[-1].turn.code is None:  # SAAR's correction answered instead of fixing the call
+                if (
+                    kept[-1].turn.code is None
+                ):  # SAAR's correction answered instead of fixing the call
                     stats.finish = kept[-1].finish
                     break
         finally:
@@ -132,9 +161,13 @@ class Rollout:
                 await self.sandbox.close_session(session)
             await self.engine.close(trajectory_id)
 
-        trajectory = Trajectory(id=trajectory_id, prompt=prompt, turns=[s.turn for s in steps],
-                                saar=record if self.saar.enabled else None,
-                                extra={"rollout": {**stats.__dict__, "seed": seed}})
+        trajectory = Trajectory(
+            id=trajectory_id,
+            prompt=prompt,
+            turns=[s.turn for s in steps],
+            saar=record if self.saar.enabled else None,
+            extra={"rollout": {**stats.__dict__, "seed": seed}},
+        )
         out = TokenTrajectory(trajectory)
         out.append("prompt", prompt_ids)
         for i, s in enumerate(steps):
@@ -145,9 +178,19 @@ class Rollout:
 
     # --- online SAAR (SPEC section 2, steps 2-5) ------------------------------------------------------
 
-    async def _saar(self, failed: _Step, history: list[int], prompt_length: int, turn_index: int,
-                    session: str | None, snapshot: int | None, record: SaarRecord, stats: RolloutStats,
-                    trajectory_id: str, rng: random.Random) -> list[_Step]:
+    async def _saar(
+        self,
+        failed: _Step,
+        history: list[int],
+        prompt_length: int,
+        turn_index: int,
+        session: str | None,
+        snapshot: int | None,
+        record: SaarRecord,
+        stats: RolloutStats,
+        trajectory_id: str,
+        rng: random.Random,
+    ) -> list[_Step]:
         """Correct the failed step; return the steps to keep in its place. `history` is the context
         before the failed turn; `snapshot` the interpreter state before its call (stateful mode)."""
         current = failed
@@ -163,14 +206,28 @@ class Rollout:
             if fix.turn.code is None or fix.finish == "length":
                 record.gave_up = True
                 return [current, fix]
-            # 4. graft in place of the failed turn, restore the pre-failure state, run the grafted code
-            turn, kind, sim = graft(current.turn, fix.turn, self.saar.gamma, self.saar.similarity_on)
-            record.grafts.append(Graft(turn=turn_index, kind=kind, similarity=sim, attempt=attempt,
-                                       extra={"replaced_code": current.turn.code,
-                                              "error_type": current.turn.observation.error_type
-                                              or current.turn.observation.status}))
+            # 4. restore the pre-failure state, graft in place of the failed turn, run the grafted code
             if snapshot is not None:
-                await self.sandbox.restore(session, snapshot)
+                try:
+                    await self.sandbox.restore(session, snapshot)
+                except Exception:  # the snapshot is gone (its worker died): the error stays
+                    break
+            turn, kind, sim = graft(
+                current.turn, fix.turn, self.saar.gamma, self.saar.similarity_on
+            )
+            record.grafts.append(
+                Graft(
+                    turn=turn_index,
+                    kind=kind,
+                    similarity=sim,
+                    attempt=attempt,
+                    extra={
+                        "replaced_code": current.turn.code,
+                        "error_type": current.turn.observation.error_type
+                        or current.turn.observation.status,
+                    },
+                )
+            )
             grafted = _Step(turn, self._graft_tokens(current, fix, kind), finish=fix.finish)
             grafted = await self._execute(grafted, session, stats)  # unless the call was malformed
             if not grafted.turn.failed:
@@ -180,7 +237,10 @@ class Rollout:
         # 5. give up: the last grafted turn keeps its error, with a hint after two or more retries
         record.gave_up = True
         if record.grafts and record.grafts[-1].attempt >= 2:
-            text = observation_text(current.turn.observation, self.cfg.observation_chars) + GIVE_UP_HINT
+            text = (
+                observation_text(current.turn.observation, self.cfg.observation_chars)
+                + GIVE_UP_HINT
+            )
             current = replace(current, tool_ids=self._observation_ids(text, current.finish))
         return [current]
 
@@ -221,21 +281,32 @@ class Rollout:
 
     # --- the pieces -----------------------------------------------------------------------------------
 
-    async def _sample(self, key: str, context: list[int], prompt_length: int,
-                      rng: random.Random) -> _Step | None:
+    async def _sample(
+        self, key: str, context: list[int], prompt_length: int, rng: random.Random
+    ) -> _Step | None:
         """Generate one assistant turn after `context`; None when the response budget is spent."""
         budget = self.cfg.max_response_tokens - (len(context) - prompt_length)
         if budget <= 0:
             return None
-        params = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=self.cfg.top_k,
-                                max_new_tokens=budget, seed=rng.getrandbits(63))
+        params = SamplingParams(
+            temperature=self.cfg.temperature,
+            top_p=self.cfg.top_p,
+            top_k=self.cfg.top_k,
+            max_new_tokens=budget,
+            seed=rng.getrandbits(63),
+        )
         gen: Generation = await self.engine.generate(key, context, params, self.fmt.detector)
         parsed = self.fmt.parse(gen.text)
         turn = Turn(parsed.reasoning, parsed.code, origin="sampled")
         if parsed.invalid is not None and gen.finish_reason != "length":
-            turn.observation = Observation("invalid", stderr=f"InvalidToolCall: {parsed.invalid}",
-                                           error_type="InvalidToolCall")
-        return _Step(turn, [Segment("sampled", list(gen.token_ids), list(gen.logprobs))], finish=gen.finish_reason)
+            turn.observation = Observation(
+                "invalid", stderr=f"InvalidToolCall: {parsed.invalid}", error_type="InvalidToolCall"
+            )
+        return _Step(
+            turn,
+            [Segment("sampled", list(gen.token_ids), list(gen.logprobs))],
+            finish=gen.finish_reason,
+        )
 
     async def _execute(self, step: _Step, session: str | None, stats: RolloutStats) -> _Step:
         """Run the step's code, unless its call was malformed, and splice the result's tokens."""
@@ -243,13 +314,22 @@ class Rollout:
         if turn.observation is None:
             stats.executions += 1
             try:
-                result = await self.sandbox.run(turn.code, session=session, timeout=self.cfg.tool_timeout)
+                result = await self.sandbox.run(
+                    turn.code, session=session, timeout=self.cfg.tool_timeout
+                )
                 obs = result.to_observation()
             except Exception as e:  # a broken tool is an observation, never a crashed run
                 obs = Observation("killed", stderr=f"SandboxError: {e}", reason="sandbox failure")
             turn = replace(turn, observation=obs)
         text = observation_text(turn.observation, self.cfg.observation_chars)
         return replace(step, turn=turn, tool_ids=self._observation_ids(text, step.finish))
+
+    async def _snapshot(self, session: str) -> int | None:
+        """The interpreter state before a call, or None when the sandbox cannot take one."""
+        try:
+            return await self.sandbox.snapshot(session)
+        except Exception:
+            return None
 
     def _observation_ids(self, text: str, finish: str) -> list[int]:
         return self.fmt.observation_ids(self.tokenizer, text, turn_ended=finish == "eos")
