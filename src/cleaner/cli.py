@@ -285,7 +285,7 @@ def compare(
     table = Table(
         "variant",
         f"final {summary['accuracy_metric']}",
-        "tool failures / traj",
+        f"final {summary['failures_metric']}",
         "steps to baseline's final accuracy",
         title=f"{output} ({seeds} seeds, mean ± sd)",
     )

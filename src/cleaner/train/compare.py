@@ -77,10 +77,13 @@ def summarise(out_dir: Path, seeds: list[int]) -> dict[str, Any]:
         if any("eval/accuracy" in r for runs in metrics.values() for rows in runs for r in rows)
         else "reward/accuracy"
     )
+    # Evaluation runs without SAAR in every arm, so its failures compare like with like; during
+    # training a SAAR arm's failed corrections are not first attempts, a baseline's retries are.
+    fail_key = "eval/failures_per_traj" if acc_key == "eval/accuracy" else "tool/failures_per_traj"
     curves: dict[str, dict[str, list]] = {}
     for name, runs in metrics.items():
         curves[name] = {}
-        for key in (acc_key, "tool/failures_per_traj"):
+        for key in (acc_key, fail_key):
             per_seed = [_series(rows, key) for rows in runs]
             steps = sorted(set().union(*per_seed)) if per_seed else []
             curves[name][key] = [
@@ -98,9 +101,7 @@ def summarise(out_dir: Path, seeds: list[int]) -> dict[str, Any]:
             list(_series(rows, acc_key).values())[-1] for rows in runs if _series(rows, acc_key)
         ]
         failures = [
-            list(_series(rows, "tool/failures_per_traj").values())[-1]
-            for rows in runs
-            if _series(rows, "tool/failures_per_traj")
+            list(_series(rows, fail_key).values())[-1] for rows in runs if _series(rows, fail_key)
         ]
         reach = [
             next((step for step, v in sorted(_series(rows, acc_key).items()) if v >= target), None)
@@ -114,17 +115,18 @@ def summarise(out_dir: Path, seeds: list[int]) -> dict[str, Any]:
         }
     summary = {
         "accuracy_metric": acc_key,
+        "failures_metric": fail_key,
         "baseline": BASELINE,
         "baseline_final_accuracy": target,
         "table": table,
         "curves": curves,
     }
     (out_dir / "compare.json").write_text(json.dumps(summary, indent=2))
-    _figure(out_dir, curves, acc_key)
+    _figure(out_dir, curves, acc_key, fail_key)
     return summary
 
 
-def _figure(out_dir: Path, curves: dict, acc_key: str) -> Path:
+def _figure(out_dir: Path, curves: dict, acc_key: str, fail_key: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -133,7 +135,7 @@ def _figure(out_dir: Path, curves: dict, acc_key: str) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, key, title in (
         (axes[0], acc_key, "accuracy"),
-        (axes[1], "tool/failures_per_traj", "tool failures per trajectory"),
+        (axes[1], fail_key, "tool failures per trajectory"),
     ):
         for name, per_key in curves.items():
             points = [p for p in per_key.get(key, []) if not math.isnan(p[1])]
