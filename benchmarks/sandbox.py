@@ -100,10 +100,12 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def host_and_worker_cpu(sandbox: Sandbox) -> float:
-    """This process's CPU plus the zygotes' (which reap every stateless call's interpreter)."""
+    """This process's CPU plus each worker's: its zygote, which reaps every stateless call's
+    interpreter, and the live processes under it (the template the interpreters are forked from)."""
     zygotes = [p for w in sandbox.workers if w.process for p in children(w.process.pid)]
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime + cpu_seconds(zygotes)
+    live = [p for z in zygotes for p in descendants(z)]
+    return usage.ru_utime + usage.ru_stime + cpu_seconds(zygotes + live)
 
 
 def children(pid: int) -> list[int]:
