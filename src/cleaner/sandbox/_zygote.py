@@ -170,11 +170,16 @@ def raw_clone(flags):
     return pid
 
 
+NO_CAPABILITIES = (CapHeader(CAPABILITY_VERSION_3, 0), (CapData * 2)())
+"""capset's arguments, made once in the template rather than in every fork."""
+
+
 def drop_capabilities():
     """Give up every capability (the zygote keeps CAP_SYS_ADMIN to make pid namespaces; model code
     must not have it)."""
     libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    if libc.capset(ctypes.byref(CapHeader(CAPABILITY_VERSION_3, 0)), (CapData * 2)()) != 0:
+    header, data = NO_CAPABILITIES
+    if libc.capset(ctypes.byref(header), data) != 0:
         os._exit(71)
 
 
@@ -210,15 +215,21 @@ def enter_own_user_namespace():
         return False
     # /proc/self of a process that is not dumpable belongs to root: dumpable while writing the maps.
     libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
-    for name, text in (
-        ("setgroups", "deny"),
-        ("uid_map", f"{uid} {uid} 1"),
-        ("gid_map", f"{gid} {gid} 1"),
-    ):
-        with open(f"/proc/self/{name}", "w") as f:
-            f.write(text)
+    write_file("/proc/self/setgroups", b"deny")
+    write_file("/proc/self/uid_map", b"%d %d 1" % (uid, uid))
+    write_file("/proc/self/gid_map", b"%d %d 1" % (gid, gid))
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     return True
+
+
+def write_file(path, data):
+    """os.open, not open(): the io stack touches pages that every fresh fork would have to copy.
+    (Everything a forked interpreter does before model code runs is paid again on every call.)"""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def become_child(keep_fds, scratch, uid, own_user_namespace=False):
@@ -233,15 +244,12 @@ def become_child(keep_fds, scratch, uid, own_user_namespace=False):
     drop_capabilities()
     # When the worker's memory cgroup is full, the kernel should kill model code, not the zygote.
     try:
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")
+        write_file("/proc/self/oom_score_adj", b"1000")
     except OSError:
         pass
     os.setsid()
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.chdir(scratch)
-    os.environ.update(HOME=scratch, TMPDIR=scratch)
+    os.environ["HOME"] = os.environ["TMPDIR"] = scratch
     if uid is not None:
         os.setgroups([])
         os.setgid(uid)
@@ -263,7 +271,7 @@ def serve_group(sock, uid):
             (interp_fd,) = fds
             if os.fork() == 0:
                 sock.close()
-                become_child([interp_fd], request["scratch"], uid)
+                become_child([interp_fd, *unused_stream_fds()], request["scratch"], uid)
                 interp_sock = socket.socket(fileno=interp_fd)
                 send_frame(interp_sock, {"hello": True})
                 serve_interpreter(interp_sock, fresh_globals())
@@ -296,9 +304,11 @@ def fresh_globals():
 
 def compile_cell(code, print_last_expr):
     """Compile a cell; with print_last_expr, a final bare expression is printed (if not None)."""
+    if not print_last_expr:
+        return compile(code, CELL, "exec"), None  # no Python AST objects: cheaper in a fresh fork
     tree = ast.parse(code, CELL, "exec")
     last = None
-    if print_last_expr and tree.body and isinstance(tree.body[-1], ast.Expr):
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = compile(ast.Expression(tree.body.pop().value), CELL, "eval")
     return compile(tree, CELL, "exec"), last
 
@@ -349,6 +359,23 @@ def set_limits(limits):
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, hard))
 
 
+def new_streams():
+    """stdout and stderr on fds 1 and 2, stdin from /dev/null."""
+    out = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
+    err = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
+    return out, err, open(os.devnull)
+
+
+unused_streams = []
+"""Streams the template made before forking, for an interpreter's first cell: made once, not on every
+call (the io stack writes to pages each fresh fork would copy)."""
+
+
+def unused_stream_fds():
+    """Fds a forked interpreter must keep open for `unused_streams` (its stdin)."""
+    return [unused_streams[0][2].fileno()] if unused_streams else []
+
+
 def run_cell(code, out_fd, err_fd, namespace, limits, print_last_expr):
     """Run one cell with fds 1 and 2 pointing at the host's pipes; return the interpreter's account."""
     os.dup2(out_fd, 1)
@@ -356,13 +383,7 @@ def run_cell(code, out_fd, err_fd, namespace, limits, print_last_expr):
     os.close(out_fd)
     os.close(err_fd)
     # Fresh stream objects every cell: a previous cell may have replaced or closed sys.stdout.
-    sys.stdout = open(
-        1, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1
-    )
-    sys.stderr = open(
-        2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1
-    )
-    sys.stdin = open(os.devnull)
+    sys.stdout, sys.stderr, sys.stdin = unused_streams.pop() if unused_streams else new_streams()
     linecache.cache[CELL] = (len(code), None, code.splitlines(True), CELL)
     outcome = {"error_type": None, "message": None, "line": None, "exit_code": None}
     try:
@@ -458,6 +479,9 @@ def serve_template(sock, config):
     the new process's socket as an fd. Reply: its pid, or minus errno.
     """
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # The dispositions model code starts with (the zygote ignores SIGINT), inherited by every fork.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     pid_namespaces = pid_namespaces_work()
     # Not with a fallback uid: the interpreter's setuid needs that uid mapped.
     user_namespaces = config.get("uid") is None and user_namespaces_work()
@@ -475,6 +499,7 @@ def serve_template(sock, config):
     gc.collect()
     gc.freeze()
     collapse_heap_into_huge_pages()
+    unused_streams.append(new_streams())
     hello = {"preloaded": preloaded, "pid_namespaces": pid_namespaces}
     hello["user_namespaces"] = user_namespaces
     sock.sendall(json.dumps(hello).encode())
@@ -499,7 +524,10 @@ def serve_template(sock, config):
             try:
                 channel = socket.socket(fileno=fds[0])
                 become_child(
-                    [fds[0]], message[2:].decode(), uid, own_user_namespace=message[1:2] == b"1"
+                    [fds[0], *unused_stream_fds()],
+                    message[2:].decode(),
+                    uid,
+                    own_user_namespace=message[1:2] == b"1",
                 )
                 if message[:1] == b"g":
                     serve_group(channel, uid)
