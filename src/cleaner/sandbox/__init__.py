@@ -33,9 +33,11 @@ with `state_lost=True`, and its next call runs in a fresh interpreter (`session_
 A snapshot survives the death of the live interpreter (a timeout), so a timed-out call can still be
 undone. `restore` raises `SnapshotLost` if the snapshot was released or its worker died.
 
-How it works: each worker is a zygote, a Python process that imported (and exercised) numpy and
-sympy once and forks a fresh interpreter per stateless call, so a fresh state costs a fork, not an
-interpreter start; a session is a long-lived fork, a snapshot a fork of that. In namespace mode each
+How it works: each worker is a zygote with a template process that imported (and exercised) numpy
+and sympy once and forks a fresh interpreter per stateless call, so a fresh state costs a fork, not
+an interpreter start; a session is a long-lived fork, a snapshot a fork of that. The template does
+nothing but fork (the zygote's bookkeeping would dirty pages every fork then copies) and keeps its
+heap in 2 MiB pages where the kernel allows, so a fork copies fewer page-table entries. In namespace mode each
 worker runs in bubblewrap (user, pid, network, mount, IPC, UTS namespaces; started as an unprivileged
 host uid, uid 65534 inside; read-only root with only /usr and the Python installation; a
 size-bounded scratch tmpfs; no network; a cleared environment; pids and memory cgroups when
