@@ -363,9 +363,10 @@ def _rollout_and_grade(
     import torch
 
     from cleaner.agent import Rollout
-    from cleaner.collect import collect, grade_groups, load_policy
+    from cleaner.collect import collect, grade_groups, load_policy, load_tokenizer
     from cleaner.config import load_config
     from cleaner.engines.hf import HFEngine
+    from cleaner.engines.remote import OpenAIEngine
     from cleaner.rewards.math import MathVerifier
     from cleaner.sandbox import Limits, connect
 
@@ -377,10 +378,16 @@ def _rollout_and_grade(
     )
     saar_cfg = dataclasses.replace(cfg.saar, enabled=saar)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    policy, tokenizer = load_policy(_resolve_model(model), device)
+    if cfg.rollout.engine_url:  # sample from a server; the model directory gives the tokenizer
+        tokenizer = load_tokenizer(_resolve_model(model))
+    else:
+        policy, tokenizer = load_policy(_resolve_model(model), device)
 
     async def main():
-        engine = HFEngine(policy, tokenizer, max_batch_size=cfg.train.max_batch_size)
+        if cfg.rollout.engine_url:
+            engine = OpenAIEngine(cfg.rollout.engine_url)
+        else:
+            engine = HFEngine(policy, tokenizer, max_batch_size=cfg.train.max_batch_size)
         limits = Limits(timeout=rollout_cfg.tool_timeout, memory_mb=cfg.sandbox.memory_mb)
         with progress_bar(len(problems) * n, what) as bar:
             task = bar.add_task(what, total=len(problems) * n)
@@ -391,9 +398,13 @@ def _rollout_and_grade(
                 limits=limits,
             ) as sb:
                 rollout = Rollout(engine, sb, tokenizer, rollout_cfg, saar_cfg)
-                groups = await collect(
-                    rollout, problems, n, cfg.seed, what, on_done=lambda t: bar.advance(task)
-                )
+                try:
+                    groups = await collect(
+                        rollout, problems, n, cfg.seed, what, on_done=lambda t: bar.advance(task)
+                    )
+                finally:
+                    if isinstance(engine, OpenAIEngine):
+                        await engine.aclose()
                 with MathVerifier() as verifier:
                     return groups, await grade_groups(problems, groups, verifier, sb)
 
@@ -590,6 +601,24 @@ def exec_(
     except RecordError as e:
         raise fail(str(e), code=1) from None
     out.print(summary_table(f"{input} -> {output}", list(s.items())))
+
+
+@app.command()
+def serve(
+    model: Annotated[
+        str, typer.Argument(help="a transformers model directory, or 'tiny' for the embedded model")
+    ] = "tiny",
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port")] = 8000,
+    max_batch_size: Annotated[int, typer.Option(help="sequences decoded together")] = 64,
+) -> None:
+    """Serve a model over the OpenAI completions API, as vLLM does; point rollout.engine_url at it."""
+    from cleaner.engines.server import serve as serve_completions
+
+    try:
+        serve_completions(str(_resolve_model(model)), host, port, max_batch_size)
+    except (FileNotFoundError, ValueError, OSError) as e:
+        raise fail(str(e)) from None
 
 
 @sandbox_app.command("serve")

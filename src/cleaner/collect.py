@@ -126,9 +126,9 @@ def summarize(groups: list[list[TokenTrajectory]], verdicts: list[list[Score]]) 
     )
 
 
-def load_policy(path: str | Path, device: str = "cpu"):
-    """A transformers causal LM and its tokenizer (with its chat template) from a local directory."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_tokenizer(path: str | Path):
+    """A model directory's tokenizer, which must carry a chat template (it renders the turns)."""
+    from transformers import AutoTokenizer
 
     path = Path(path)
     if not (path / "config.json").is_file():
@@ -136,5 +136,14 @@ def load_policy(path: str | Path, device: str = "cpu"):
     tokenizer = AutoTokenizer.from_pretrained(path)
     if not tokenizer.chat_template:
         raise ValueError(f"{path}: the tokenizer has no chat template")
+    return tokenizer
+
+
+def load_policy(path: str | Path, device: str = "cpu"):
+    """A transformers causal LM and its tokenizer (with its chat template) from a local directory."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    tokenizer = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").to(device).eval()
     return model, tokenizer

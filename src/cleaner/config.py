@@ -98,6 +98,12 @@ class RolloutConfig:
         "(Jupyter-like); false runs each call fresh, as the reference recipes",
     )
     tool_timeout: float = option(4.0, "seconds per tool call (the authors' code-judge: 4 s)")
+    engine_url: str | None = option(
+        None,
+        "an OpenAI-compatible completions server to sample from (vLLM, SGLang, `cleaner serve`) "
+        "in rollout and eval; none: the embedded transformers engine. Training samples from the "
+        "weights it trains, so it refuses this",
+    )
 
     def __post_init__(self):
         for name in ("max_turns", "max_response_tokens", "max_tool_calls"):

@@ -79,6 +79,8 @@ class Generation:
 
 
 DetectorFactory = Callable[[], CallDetector]
+TokenCallback = Callable[[Sequence[int], Sequence[float], str], None]
+"""Called with the ids, log-probs and text a generation added since the previous call."""
 
 
 class Engine(Protocol):

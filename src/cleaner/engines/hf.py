@@ -46,6 +46,7 @@ from cleaner.engines.base import (
     FinishReason,
     Generation,
     SamplingParams,
+    TokenCallback,
 )
 from cleaner.formats import CallDetector
 
@@ -139,6 +140,18 @@ class _Request:
     finish_reason: FinishReason | None = None
     abandoned: bool = False  # its caller was cancelled
     kv_out: KV | None = None  # the session's keys and values when the request leaves the batch
+    on_tokens: TokenCallback | None = None
+    published: int = 0  # tokens (and text pieces) already handed to on_tokens
+
+    def publish(self, final_text: str = "") -> None:
+        """Hand `on_tokens` what was sampled since the last call (on the event loop)."""
+        if self.on_tokens is None:
+            return
+        new = slice(self.published, len(self.token_ids))
+        text = "".join(self.text[new.start :]) + final_text
+        if new.start < new.stop or text:
+            self.published = len(self.token_ids)
+            self.on_tokens(self.token_ids[new], self.logprobs[new], text)
 
     def accept(self, token: int, logprob: float) -> None:
         self.token_ids.append(token)
@@ -156,10 +169,12 @@ class _Request:
 
     def generation(self) -> Generation:
         assert self.finish_reason is not None
+        tail = self.stream.flush()
+        self.publish(tail)
         return Generation(
             token_ids=self.token_ids,
             logprobs=self.logprobs,
-            text="".join(self.text) + self.stream.flush(),
+            text="".join(self.text) + tail,
             finish_reason=self.finish_reason,
             cached_tokens=self.cached_tokens,
             prefill_tokens=len(self.context) - self.cached_tokens,
@@ -414,8 +429,10 @@ class HFEngine:
         context_ids: Sequence[int],
         params: SamplingParams,
         detector_factory: DetectorFactory | None = None,
+        on_tokens: TokenCallback | None = None,
     ) -> Generation:
-        """See `Engine.generate`."""
+        """See `Engine.generate`. `on_tokens(ids, logprobs, text)` is called on the event loop with
+        what each decoding step added, before the result is returned (a server streams with it)."""
         context = list(context_ids)
         if not context:
             raise ValueError("the context must hold at least one token")
@@ -443,6 +460,7 @@ class HFEngine:
             stream=TextStream(self.tokenizer),
             detector=detector_factory() if detector_factory is not None else None,
             generator=generator,
+            on_tokens=on_tokens,
         )
         state.latest = request
         self._waiting.append(request)
@@ -489,6 +507,9 @@ class HFEngine:
                 except Exception as error:
                     self._fail(running + admitted, error)
                     continue
+                for r in admitted + running:
+                    if r not in done:
+                        r.publish()
                 for r in done:
                     self._finish(r)
         finally:

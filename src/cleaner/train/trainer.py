@@ -96,6 +96,11 @@ def resolve_device(cfg: Config) -> tuple[torch.device, torch.dtype | None]:
 
 def preflight(cfg: Config, run_dir: Path) -> None:
     """Fail before any work on what can be checked cheaply: the run directory and the model path."""
+    if cfg.rollout.engine_url:
+        raise ConfigError(
+            "rollout.engine_url: training samples from the weights it trains, not from a server "
+            "(use it with `cleaner rollout` and `cleaner eval`)"
+        )
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / ".write-test"
