@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cleaner.config import ConfigError
+from cleaner.config import ConfigError, recipe_path
 from cleaner.jsonl import RecordError
 
 
@@ -151,19 +151,6 @@ def config(
 
 
 # --- train ------------------------------------------------------------------------------------------
-
-RECIPES = Path(__file__).parent / "recipes"
-
-
-def recipe_path(name: Path) -> Path:
-    """A YAML file, or the name of a recipe shipped with cleaner (`cleaner train --config qwen3-4b-cleaner`)."""
-    if name.is_file() or name.suffix in (".yaml", ".yml"):
-        return name
-    shipped = RECIPES / f"{name}.yaml"
-    if shipped.is_file():
-        return shipped
-    known = ", ".join(sorted(p.stem for p in RECIPES.glob("*.yaml")))
-    raise ConfigError(f"{name}: no such config file or shipped recipe (recipes: {known})")
 
 
 @app.command()
@@ -537,6 +524,31 @@ def evaluate(
     )
     out.print(table)
     out.print(f"results: {output / 'results.json'}")
+
+
+@app.command("to-verl")
+def to_verl(
+    output: Annotated[Path, typer.Option("-o", "--output", help="a parquet file for verl")],
+    data: Annotated[
+        str, typer.Option(help="'gym', gym:TASK[,TASK], a benchmark name or a problems .jsonl")
+    ] = "gym",
+    root: Annotated[Path | None, typer.Option(help="folder of local benchmark files")] = None,
+    size: Annotated[int, typer.Option(help="problems per gym task")] = 64,
+    split: Annotated[str, typer.Option(help="recorded in extra_info.split")] = "train",
+) -> None:
+    """Write problems as verl dataset rows that run the `cleaner_agent` loop (CLEANER in verl)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cleaner.integrations.verl.convert import to_verl_rows
+
+    try:
+        problems = _load_problems(data, root, size, seed=1 if split == "train" else 10_000)
+    except (RecordError, FileNotFoundError, ValueError) as e:
+        raise fail(str(e)) from None
+    output.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(to_verl_rows(problems, split)), output)
+    out.print(f"{len(problems)} problems -> {output} (agent_name cleaner_agent)")
 
 
 # --- score, exec, sandbox serve ---------------------------------------------------------------------

@@ -12,6 +12,7 @@ import os
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -395,3 +396,18 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]
         else:
             rows.append((name, repr(getattr(instance, f.name)), f.metadata.get("help", "")))
     return rows
+
+
+RECIPES = Path(__file__).parent / "recipes"
+"""The recipes shipped with cleaner, found by name."""
+
+
+def recipe_path(name: Path) -> Path:
+    """A YAML file, or the name of a recipe shipped with cleaner (`cleaner train --config qwen3-4b-cleaner`)."""
+    if name.is_file() or name.suffix in (".yaml", ".yml"):
+        return name
+    shipped = RECIPES / f"{name}.yaml"
+    if shipped.is_file():
+        return shipped
+    known = ", ".join(sorted(p.stem for p in RECIPES.glob("*.yaml")))
+    raise ConfigError(f"{name}: no such config file or shipped recipe (recipes: {known})")

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from cleaner.engines import SamplingParams
-from cleaner.engines.hf import HFEngine, TextStream, _truncate
+from cleaner.engines.hf import HFEngine, _truncate
+from cleaner.engines.text import TextStream
 from cleaner.formats import get_format
 from tests.engines.conftest import chain_model, reference_logprobs
 
