@@ -328,6 +328,9 @@ class HFEngine:
     dropping the least recently used sessions' caches (they are recomputed if they come back).
     Prefills run in chunks of at most `prefill_chunk` tokens per request, which bounds the memory
     of the attention mask. `eos_token_ids` defaults to the tokenizer's and the generation config's.
+    `autocast_dtype` runs the forward passes under `torch.autocast` (bfloat16 on GPUs: what the
+    trainer computes in, so sampling and training see the same numbers); the decoding thread needs
+    it passed here, since an autocast context does not cross threads.
     """
 
     def __init__(
@@ -339,6 +342,7 @@ class HFEngine:
         max_parked_tokens: int | None = None,
         prefill_chunk: int = 2048,
         eos_token_ids: Sequence[int] | None = None,
+        autocast_dtype: torch.dtype | None = None,
     ):
         config = model.config
         if config._attn_implementation not in ("sdpa", "eager"):
@@ -354,6 +358,7 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.max_parked_tokens = max_parked_tokens
         self.prefill_chunk = prefill_chunk
+        self.autocast_dtype = autocast_dtype
         self.max_context = getattr(config, "max_position_embeddings", None)
         self.vocab_size = model.get_input_embeddings().num_embeddings
         self.stop_ids = frozenset(
@@ -511,7 +516,10 @@ class HFEngine:
         """Prefill the admitted requests and move them into the batch; advance every request in the
         batch by a token. Returns the requests that finished, each with its session's keys and values
         in `kv_out`."""
-        with torch.inference_mode():
+        autocast = torch.autocast(
+            self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
+        )
+        with torch.inference_mode(), autocast:
             done = []
             if admitted:
                 fresh = _Slots(

@@ -278,7 +278,12 @@ class Trainer:
         from cleaner.sandbox import Limits, connect
 
         cfg = self.cfg
-        engine = HFEngine(self.model, self.tokenizer, max_batch_size=cfg.train.max_batch_size)
+        engine = HFEngine(
+            self.model,
+            self.tokenizer,
+            max_batch_size=cfg.train.max_batch_size,
+            autocast_dtype=self.autocast,
+        )
         limits = Limits(timeout=cfg.rollout.tool_timeout, memory_mb=cfg.sandbox.memory_mb)
         sandbox = connect(
             cfg.sandbox.url,
