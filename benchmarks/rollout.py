@@ -9,6 +9,9 @@ Two claims, measured in the same run on a random-init Qwen3 shaped like the embe
    with the error, then grafted, and generation continues from the purified context. Tokens the
    engine prefills for each of those requests vs the whole context that a fresh `generate` recomputes.
    Target: under 10% for the correction.
+3. The same engine behind `cleaner serve`'s OpenAI API, sampled through `OpenAIEngine` over
+   loopback HTTP with streaming (server and client in this process): what the protocol costs
+   against calling the engine directly.
 
     python benchmarks/rollout.py                      # CPU, about a minute
     python benchmarks/rollout.py --threads 1           # steadier on a busy machine
@@ -30,6 +33,8 @@ import torch
 from cleaner.data.prompts import AGENT_NOTE, ANSWER_FORMAT, MATH_INTRO, TOOL_HINT
 from cleaner.engines import SamplingParams
 from cleaner.engines.hf import HFEngine
+from cleaner.engines.remote import OpenAIEngine
+from cleaner.engines.server import CompletionServer
 from cleaner.formats import get_format
 from cleaner.tiny.model import ModelShape, build_model
 from cleaner.tiny.tokenizer import build_tokenizer
@@ -213,6 +218,25 @@ async def main() -> None:
         f"   after the graft: prefills {mean('graft_prefill'):.0f} tokens; recomputing: "
         f"{mean('graft_context'):.0f} -> {graft:.1%}"
     )
+
+    from aiohttp.test_utils import TestServer
+
+    server = TestServer(CompletionServer(engine, tokenizer, "bench").app())
+    await server.start_server()
+    client = OpenAIEngine(str(server.make_url("/")))
+    await engine_generate(client, prompts[:2], 4, "warm-remote")
+    direct, remote = Rates(), Rates()
+    for _ in range(args.repeats):
+        with direct.timing() as timing:
+            timing.tokens = await engine_generate(engine, prompts, new, "direct")
+        with remote.timing() as timing:
+            timing.tokens = await engine_generate(client, prompts, new, "remote")
+    await client.aclose()
+    await server.close()
+    print("\n3. over the OpenAI API (loopback HTTP, a streamed chunk per token)")
+    print(f"   HFEngine called directly:       {direct}")
+    print(f"   OpenAIEngine -> cleaner serve:  {remote}")
+    print(f"   ratio: {remote.wall / direct.wall:.2f}x wall clock")
 
 
 if __name__ == "__main__":
