@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cleaner.config import ConfigError, recipe_path
+from cleaner.engines.base import EngineUnavailable
 from cleaner.jsonl import RecordError
 
 
@@ -447,7 +448,7 @@ def rollout(
     try:
         problems = _load_problems(data, root, size, seed=1)
         groups, verdicts = _rollout_and_grade(model, problems, n, saar, overrides or [], "rollout")
-    except (ConfigError, RecordError, FileNotFoundError, ValueError) as e:
+    except (ConfigError, RecordError, FileNotFoundError, ValueError, EngineUnavailable) as e:
         raise fail(str(e)) from None
     _write_trajectories(groups, output, tokens)
     out.print(
@@ -499,7 +500,13 @@ def evaluate(
             groups, verdicts = _rollout_and_grade(
                 model, problems, samples, saar, overrides or [], name, temperature, top_p
             )
-        except (ConfigError, RecordError, FileNotFoundError, ValueError) as e:
+        except (
+            ConfigError,
+            RecordError,
+            FileNotFoundError,
+            ValueError,
+            EngineUnavailable,
+        ) as e:
             raise fail(f"{name}: {e}") from None
         s = summarize(groups, verdicts)
         results[name] = s.to_dict()

@@ -207,3 +207,11 @@ def test_a_rollout_through_cleaner_serve_samples_what_the_embedded_engine_does(
 def test_training_refuses_a_server(tmp_path):
     result = runner.invoke(app, ["train", "--run-dir", str(tmp_path), "rollout.engine_url=x"])
     assert result.exit_code != 0 and "rollout.engine_url" in result.output
+
+
+def test_an_unreachable_engine_url_is_a_clear_cli_error(random_policy, tmp_path):
+    args = ["rollout", "--model", str(random_policy), "--data", "gym:gcd", "--size", "1"]
+    args += ["--n", "1", "-o", str(tmp_path / "r.jsonl"), "rollout.engine_url=http://127.0.0.1:9"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "127.0.0.1:9" in result.output and "attempts" in result.output
+    assert not (tmp_path / "r.jsonl").exists()

@@ -83,6 +83,11 @@ TokenCallback = Callable[[Sequence[int], Sequence[float], str], None]
 """Called with the ids, log-probs and text a generation added since the previous call."""
 
 
+class EngineUnavailable(RuntimeError):
+    """A generation server could not be reached, or kept failing, after the allowed retries: an
+    infrastructure failure, never turned into a trajectory."""
+
+
 class Engine(Protocol):
     """A generation backend shared by many concurrent trajectories (coroutines)."""
 

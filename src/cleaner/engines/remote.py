@@ -29,11 +29,14 @@ from typing import Any
 
 import aiohttp
 
-from cleaner.engines.base import DetectorFactory, Generation, SamplingParams
+from cleaner.engines.base import (
+    DetectorFactory,
+    EngineUnavailable,
+    Generation,
+    SamplingParams,
+)
 
-
-class EngineUnavailable(RuntimeError):
-    """The server could not be reached, or kept failing, after the allowed retries."""
+__all__ = ["EngineUnavailable", "OpenAIEngine"]
 
 
 class OpenAIEngine:
