@@ -87,6 +87,9 @@ async def test_the_stream_is_cut_right_after_a_complete_tool_call(chatml_tokeniz
         assert remote.token_ids == ids[1:7]
         assert remote.text == "<tool_call>print(1)</tool_call>"
         assert len(remote.logprobs) == 6
+        # The next turn comes at once, before the server may have seen the cut stream go away.
+        following = await client.generate("s", ids[:7], params, get_format("hermes").detector)
+        assert following.token_ids[:2] == ids[7:9]
     finally:
         await client.aclose()
         await server.close()
@@ -215,3 +218,19 @@ def test_an_unreachable_engine_url_is_a_clear_cli_error(random_policy, tmp_path)
     result = runner.invoke(app, args)
     assert result.exit_code == 2 and "127.0.0.1:9" in result.output and "attempts" in result.output
     assert not (tmp_path / "r.jsonl").exists()
+
+
+async def test_a_sessions_new_request_supersedes_the_one_its_client_abandoned(served):
+    """A client that cut a stream moves on to the session's next turn at once; the server may not
+    have noticed yet. The old generation is stopped, not reported as a conflict."""
+    _, client = served
+    url = client.base_url + "/v1/completions"
+    body = {"prompt": [20, 21], "max_tokens": 400, "stream": True, "user": "t", "logprobs": 0}
+    async with aiohttp.ClientSession() as http:
+        first = await http.post(url, json=body)
+        await first.content.readline()  # streaming: the generation is under way
+        second_body = body | {"prompt": [20, 21, 22], "max_tokens": 3, "stream": False}
+        async with http.post(url, json=second_body) as second:
+            assert second.status == 200, await second.text()
+            assert len((await second.json())["choices"][0]["logprobs"]["tokens"]) == 3
+        first.close()

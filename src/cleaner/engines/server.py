@@ -79,6 +79,8 @@ class CompletionServer:
     def __init__(self, engine: HFEngine, tokenizer, model_name: str, max_tokens: int = 1024):
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.max_tokens = max_tokens
+        self.in_flight: dict[str, asyncio.Task] = {}
+        """The generation running for each session (`user`)."""
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 << 20)
@@ -192,6 +194,13 @@ class CompletionServer:
         return response
 
     async def generate(self, session, prompt, params, body, on_tokens):
+        # A client that cut a stream (at a tool call) may send the session's next turn before this
+        # server noticed it went away: the old generation is abandoned, so stop it first.
+        previous = self.in_flight.get(session)
+        if previous is not None and not previous.done():
+            previous.cancel()
+            await asyncio.wait([previous])
+        self.in_flight[session] = asyncio.current_task()
         try:
             return await self.engine.generate(session, prompt, params, on_tokens=on_tokens)
         except (ValueError, RuntimeError) as e:
@@ -199,6 +208,8 @@ class CompletionServer:
                 {"error": {"message": str(e), "type": "BadRequestError"}}, status=400
             )
         finally:
+            if self.in_flight.get(session) is asyncio.current_task():
+                del self.in_flight[session]
             if not body.get("user"):
                 await self.engine.close(session)
 

@@ -500,8 +500,11 @@ def serve_template(sock, config):
     gc.freeze()
     collapse_heap_into_huge_pages()
     unused_streams.append(new_streams())
-    hello = {"preloaded": preloaded, "pid_namespaces": pid_namespaces}
-    hello["user_namespaces"] = user_namespaces
+    hello = {
+        "preloaded": preloaded,
+        "pid_namespaces": pid_namespaces,
+        "user_namespaces": user_namespaces,
+    }
     sock.sendall(json.dumps(hello).encode())
     uid = config.get("uid")
     while True:
