@@ -351,9 +351,9 @@ def _rollout_and_grade(
     import torch
 
     from cleaner.agent import Rollout
-    from cleaner.collect import collect, grade_groups, load_policy, load_tokenizer
+    from cleaner.collect import collect, grade_groups
     from cleaner.config import load_config
-    from cleaner.engines.hf import HFEngine
+    from cleaner.engines.hf import HFEngine, load_policy, load_tokenizer
     from cleaner.engines.remote import OpenAIEngine
     from cleaner.rewards.math import MathVerifier
     from cleaner.sandbox import Limits, connect

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from cleaner.agent import Rollout
@@ -124,26 +123,3 @@ def summarize(groups: list[list[TokenTrajectory]], verdicts: list[list[Score]]) 
         shallow=sum(g.kind == "shallow" for g in grafts),
         deep=sum(g.kind == "deep" for g in grafts),
     )
-
-
-def load_tokenizer(path: str | Path):
-    """A model directory's tokenizer, which must carry a chat template (it renders the turns)."""
-    from transformers import AutoTokenizer
-
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path}: not a transformers model directory (no config.json)")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if not tokenizer.chat_template:
-        raise ValueError(f"{path}: the tokenizer has no chat template")
-    return tokenizer
-
-
-def load_policy(path: str | Path, device: str = "cpu"):
-    """A transformers causal LM and its tokenizer (with its chat template) from a local directory."""
-    from transformers import AutoModelForCausalLM
-
-    path = Path(path)
-    tokenizer = load_tokenizer(path)
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").to(device).eval()
-    return model, tokenizer

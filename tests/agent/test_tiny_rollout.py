@@ -8,10 +8,10 @@ import asyncio
 import pytest
 
 from cleaner.agent import Rollout
-from cleaner.collect import collect, grade_groups, load_policy, summarize
+from cleaner.collect import collect, grade_groups, summarize
 from cleaner.config import RolloutConfig, SaarConfig
 from cleaner.data import load_gym
-from cleaner.engines.hf import HFEngine
+from cleaner.engines.hf import HFEngine, load_policy
 from cleaner.rewards.math import MathVerifier
 from cleaner.sandbox import Limits, Sandbox
 from cleaner.tiny.traces import TRACE_TASKS

@@ -37,6 +37,7 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -635,3 +636,26 @@ def _eos_ids(model, tokenizer) -> set[int]:
     elif configured:
         ids.update(configured)
     return ids
+
+
+def load_tokenizer(path: str | Path):
+    """A model directory's tokenizer, which must carry a chat template (it renders the turns)."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: not a transformers model directory (no config.json)")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if not tokenizer.chat_template:
+        raise ValueError(f"{path}: the tokenizer has no chat template")
+    return tokenizer
+
+
+def load_policy(path: str | Path, device: str = "cpu"):
+    """A transformers causal LM and its tokenizer (with its chat template) from a local directory."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    tokenizer = load_tokenizer(path)
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").to(device).eval()
+    return model, tokenizer

@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from cleaner.engines.base import Generation, SamplingParams
-from cleaner.engines.hf import HFEngine
+from cleaner.engines.hf import HFEngine, load_policy
 
 REFUSED = ("echo", "stop", "stop_token_ids", "suffix", "logit_bias")
 """Fields the server refuses unless they are absent or empty."""
@@ -223,8 +223,6 @@ def serve(
 ) -> None:
     """Load a local transformers model directory and serve it until interrupted."""
     import torch
-
-    from cleaner.collect import load_policy
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     policy, tokenizer = load_policy(model, device)
