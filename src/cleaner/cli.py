@@ -383,6 +383,7 @@ def _rollout_and_grade(
                 cfg.sandbox.url,
                 workers=cfg.sandbox.workers or None,
                 isolation=cfg.sandbox.isolation,
+                preload=tuple(cfg.sandbox.preload),
                 limits=limits,
             ) as sb:
                 rollout = Rollout(engine, sb, tokenizer, rollout_cfg, saar_cfg)

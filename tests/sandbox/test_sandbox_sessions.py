@@ -285,3 +285,12 @@ async def test_saar_flows_survive_timeouts_exits_and_attacks_around_them():
             return out
 
         assert await asyncio.gather(*(trajectory(k) for k in range(6))) == ["3\n"] * 6
+
+
+async def test_fresh_interpreters_start_with_the_preloaded_modules_and_no_others():
+    from cleaner.sandbox import Sandbox
+
+    async with Sandbox(workers=1, preload=("fractions", "no_such_module_here")) as sb:
+        r = await sb.run("import sys; print('fractions' in sys.modules, 'sympy' in sys.modules)")
+        assert r.stdout == "True False\n"
+        assert sb.workers[0].preloaded == ["fractions"]  # a missing module is skipped, not fatal

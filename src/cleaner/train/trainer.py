@@ -289,6 +289,7 @@ class Trainer:
             cfg.sandbox.url,
             workers=cfg.sandbox.workers or None,
             isolation=cfg.sandbox.isolation,
+            preload=tuple(cfg.sandbox.preload),
             limits=limits,
         )
         last: dict[str, float] = {}

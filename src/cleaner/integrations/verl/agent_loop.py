@@ -72,6 +72,7 @@ class CleanerAgentLoop(AgentLoopBase):
                 self.cfg.sandbox.url,
                 workers=self.cfg.sandbox.workers or None,
                 isolation=self.cfg.sandbox.isolation,
+                preload=tuple(self.cfg.sandbox.preload),
                 limits=Limits(
                     timeout=self.cfg.rollout.tool_timeout, memory_mb=self.cfg.sandbox.memory_mb
                 ),
