@@ -542,7 +542,10 @@ def to_verl(
     ] = "gym",
     root: Annotated[Path | None, typer.Option(help="folder of local benchmark files")] = None,
     size: Annotated[int, typer.Option(help="problems per gym task")] = 64,
-    split: Annotated[str, typer.Option(help="recorded in extra_info.split")] = "train",
+    split: Annotated[
+        str,
+        typer.Option(help="extra_info.split; rows not of 'train' run without SAAR (validation)"),
+    ] = "train",
 ) -> None:
     """Write problems as verl dataset rows that run the `cleaner_agent` loop (CLEANER in verl)."""
     import pyarrow as pa

@@ -186,15 +186,22 @@ def test_the_cleaner_agent_loop_inside_verl(random_policy):
             data_config=DictConfigWrap(OmegaConf.create({})),
             overrides=["sandbox.workers=1"],
         )
-        row = to_verl_rows(load_benchmark("gym:gcd", size=1, seed=1))[0]
+        problems = load_benchmark("gym:gcd", size=1, seed=1)
         sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
         try:
-            return await loop.run(sampling, raw_prompt=row["prompt"], **row)
+            return [
+                await loop.run(sampling, raw_prompt=row["prompt"], **row)
+                for row in to_verl_rows(problems, "train") + to_verl_rows(problems, "test")
+            ]
         finally:
             await CleanerAgentLoop._sandbox.close()
 
-    output = asyncio.run(main())
-    assert output.reward_score in (-1.0, 1.0)
-    assert 0 < len(output.response_ids) <= 64
-    assert len(output.response_mask) == len(output.response_logprobs) == len(output.response_ids)
-    assert {"tool_calls", "saar_recovered", "finish"} <= output.extra_fields.keys()
+    train, test = asyncio.run(main())
+    for output in (train, test):
+        assert output.reward_score in (-1.0, 1.0)
+        assert 0 < len(output.response_ids) <= 64
+        assert len(output.response_mask) == len(output.response_logprobs)
+        assert len(output.response_mask) == len(output.response_ids)
+        assert {"tool_calls", "saar_recovered", "finish"} <= output.extra_fields.keys()
+    # validation rows measure the policy alone: no SAAR
+    assert train.extra_fields["saar_active"] and not test.extra_fields["saar_active"]

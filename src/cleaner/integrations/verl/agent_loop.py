@@ -6,7 +6,9 @@ is `cleaner_agent`. Each trajectory runs `cleaner.agent.Rollout` against verl's 
 (`VerlEngine`) and cleaner's sandbox, is graded by cleaner's rewards, and comes back as verl's
 `AgentLoopOutput`: grafted turns in place of the failed ones (mask 1), tool output masked 0, the
 sampling log-probs, and the reward (`reward_score`, which verl then uses instead of a reward
-function). SAAR statistics ride in `extra_fields`.
+function). SAAR statistics ride in `extra_fields`. Rows of any split but `train` (`cleaner to-verl
+--split test`: verl's validation files) run without SAAR, as `cleaner eval` does: evaluation
+measures the policy, not the policy with a second chance.
 
 Settings: verl's rollout config gives the sampling (temperature, top_p, top_k) and the response
 budget (`response_length`); everything else comes from a cleaner config (a recipe name or YAML
@@ -91,8 +93,10 @@ class CleanerAgentLoop(AgentLoopBase):
             top_p=float(sampling_params.get("top_p", self.rollout_cfg.top_p)),
             top_k=max(top_k, 0),  # verl spells "off" -1
         )
+        training = (kwargs.get("extra_info") or {}).get("split", "train") == "train"
+        saar = self.cfg.saar if training else dataclasses.replace(self.cfg.saar, enabled=False)
         engine = VerlEngine(self.server_manager, self.tokenizer)
-        rollout = Rollout(engine, sandbox, self.tokenizer, rollout_cfg, self.cfg.saar)
+        rollout = Rollout(engine, sandbox, self.tokenizer, rollout_cfg, saar)
         trajectory = await rollout.run(uuid.uuid4().hex, problem.prompt, seed=self.cfg.seed)
         score = await grade(problem, trajectory, verifier, sandbox)
         record = trajectory.trajectory
@@ -104,6 +108,7 @@ class CleanerAgentLoop(AgentLoopBase):
             extra_fields={
                 "tool_calls": stats["tool_calls"],
                 "tool_failures": stats["first_attempt_failures"],
+                "saar_active": bool(record.saar and record.saar.active),
                 "saar_recovered": len(record.saar.grafts) if record.saar else 0,
                 "saar_gave_up": bool(record.saar and record.saar.gave_up),
                 "finish": stats["finish"],
