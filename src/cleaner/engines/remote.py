@@ -187,8 +187,8 @@ class _Stream:
         logprobs = block.get("token_logprobs") or []
         if len(logprobs) != len(ids) or any(lp is None for lp in logprobs):
             raise ValueError(
-                "the server must return a log-prob for every sampled token "
-                "(logprobs=0; vLLM: not with --disable-logprobs-during-spec-decoding)"
+                "the server must return a log-prob for every sampled token (this engine asks "
+                "for logprobs=0): a rollout without them cannot be trained on"
             )
         self.token_ids += ids
         self.logprobs += [float(lp) for lp in logprobs]
