@@ -157,11 +157,14 @@ def test_a_trajectory_becomes_verls_response_with_grafts_trained_and_tool_output
     assert len(cut["response_logprobs"]) == 4
 
 
-@pytest.mark.skipif(
+needs_verl = pytest.mark.skipif(
     importlib.util.find_spec("verl") is None,
     reason="verl is an optional extra (pip install 'cleaner[verl]'); its own pins conflict with "
     "the test environment's transformers, so this runs where verl is installed",
 )
+
+
+@needs_verl
 def test_the_cleaner_agent_loop_inside_verl(random_policy):
     from omegaconf import OmegaConf
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -205,3 +208,40 @@ def test_the_cleaner_agent_loop_inside_verl(random_policy):
         assert {"tool_calls", "saar_recovered", "finish"} <= output.extra_fields.keys()
     # validation rows measure the policy alone: no SAAR
     assert train.extra_fields["saar_active"] and not test.extra_fields["saar_active"]
+
+
+def test_verls_reward_function_grades_as_cleaner_does():
+    from cleaner.integrations.verl.reward import compute_score
+
+    (gcd,) = to_verl_rows(load_benchmark("gym:gcd", size=1, seed=1))
+    answer = gcd["reward_model"]["ground_truth"]
+    right = compute_score("gym/gcd", f"So \\boxed{{{answer}}}.", answer, gcd["extra_info"])
+    wrong = compute_score("gym/gcd", "So \\boxed{-5}.", answer, gcd["extra_info"])
+    assert (right["score"], right["acc"]) == (1.0, 1.0) and (wrong["score"], wrong["acc"]) == (
+        -1.0,
+        0.0,
+    )
+    assert compute_score("openai/gsm8k", "it is \\boxed{\\frac{1}{2}}", "0.5")["score"] == 1.0
+    problem = load_benchmark("humaneval")[0]
+    (row,) = to_verl_rows([problem])
+    solution = problem.metadata["code_prompt"] + problem.metadata["canonical_solution"]
+    passed = compute_score("humaneval", f"```python\n{solution}\n```", "", row["extra_info"])
+    failed = compute_score(
+        "humaneval", "```python\ndef nothing(): pass\n```", "", row["extra_info"]
+    )
+    # the code reward is the fraction of tests passed (-1 without a code block)
+    assert (passed["score"], passed["acc"]) == (1.0, 1.0) and failed["acc"] == 0.0
+    assert failed["score"] < 1.0
+
+
+@needs_verl
+def test_verl_loads_the_reward_function_by_path():
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    import cleaner.integrations.verl.reward as module
+
+    function = {"path": module.__file__, "name": "compute_score", "reward_kwargs": {}}
+    config = OmegaConf.create({"reward": {"custom_reward_function": function}})
+    compute_score = get_custom_reward_fn(config)
+    assert compute_score(data_source="x", solution_str="\\boxed{4}", ground_truth="4")["score"] == 1

@@ -23,7 +23,8 @@ sandbox, and its rewards. Three steps:
     #    AGENT_LOOP_CONFIG and set `cleaner_config:` and `overrides:` in it
 
 Pieces, each usable alone: `engine.VerlEngine` (cleaner's `Engine` over verl's server manager),
-`convert` (rows and outputs, pure), `agent_loop.CleanerAgentLoop` (imports verl).
+`convert` (rows and outputs, pure), `agent_loop.CleanerAgentLoop` (imports verl), and
+`reward.compute_score` (cleaner's grading as verl's `custom_reward_function`, for verl's own loops).
 
 What verl then does with the output matches `cleaner train`'s `graft_mode=recompute`: grafted tokens
 are trained (mask 1), their old log-probs recomputed by the actor, tool output masked. The
