@@ -191,13 +191,15 @@ def test_the_cleaner_agent_loop_inside_verl(random_policy):
         )
         problems = load_benchmark("gym:gcd", size=1, seed=1)
         sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
-        try:
-            return [
-                await loop.run(sampling, raw_prompt=row["prompt"], **row)
-                for row in to_verl_rows(problems, "train") + to_verl_rows(problems, "test")
-            ]
+        rows = to_verl_rows(problems, "train") + to_verl_rows(problems, "test")
+        try:  # concurrently, as verl runs them: one shared sandbox is started, not two
+            return await asyncio.gather(
+                *(loop.run(sampling, raw_prompt=row["prompt"], **row) for row in rows)
+            )
         finally:
-            await CleanerAgentLoop._sandbox.close()
+            sandbox, _ = await CleanerAgentLoop.shared
+            await sandbox.close()
+            CleanerAgentLoop.shared = None
 
     train, test = asyncio.run(main())
     for output in (train, test):

@@ -25,6 +25,7 @@ are shared by every trajectory of the process.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 from pathlib import Path
@@ -48,8 +49,9 @@ from cleaner.sandbox import Limits, connect
 
 @register(AGENT_NAME)
 class CleanerAgentLoop(AgentLoopBase):
-    _sandbox: ClassVar[Any] = None
-    _verifier: ClassVar[MathVerifier | None] = None
+    shared: ClassVar[asyncio.Task | None] = None
+    """(sandbox, math verifier) of this process, started by the first trajectory (verl makes an
+    instance per trajectory, all on one event loop)."""
 
     def __init__(
         self,
@@ -67,24 +69,24 @@ class CleanerAgentLoop(AgentLoopBase):
             self.cfg.rollout, max_response_tokens=self.response_length, engine_url=None
         )
 
-    async def _shared(self) -> tuple[Any, MathVerifier]:
-        cls = type(self)
-        if cls._sandbox is None:
-            sandbox = connect(
-                self.cfg.sandbox.url,
-                workers=self.cfg.sandbox.workers or None,
-                isolation=self.cfg.sandbox.isolation,
-                preload=tuple(self.cfg.sandbox.preload),
-                limits=Limits(
-                    timeout=self.cfg.rollout.tool_timeout, memory_mb=self.cfg.sandbox.memory_mb
-                ),
-            )
-            await sandbox.start()
-            cls._sandbox, cls._verifier = sandbox, MathVerifier()
-        return cls._sandbox, cls._verifier
+    async def _start_shared(self) -> tuple[Any, MathVerifier]:
+        sandbox = connect(
+            self.cfg.sandbox.url,
+            workers=self.cfg.sandbox.workers or None,
+            isolation=self.cfg.sandbox.isolation,
+            preload=tuple(self.cfg.sandbox.preload),
+            limits=Limits(
+                timeout=self.cfg.rollout.tool_timeout, memory_mb=self.cfg.sandbox.memory_mb
+            ),
+        )
+        await sandbox.start()
+        return sandbox, MathVerifier()
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        sandbox, verifier = await self._shared()
+        cls = type(self)
+        if cls.shared is None:  # one start however many trajectories arrive at once
+            cls.shared = asyncio.ensure_future(self._start_shared())
+        sandbox, verifier = await cls.shared
         problem = problem_from_verl_row(kwargs)
         top_k = int(sampling_params.get("top_k") or 0)
         rollout_cfg = dataclasses.replace(
