@@ -294,3 +294,61 @@ async def test_fresh_interpreters_start_with_the_preloaded_modules_and_no_others
         r = await sb.run("import sys; print('fractions' in sys.modules, 'sympy' in sys.modules)")
         assert r.stdout == "True False\n"
         assert sb.workers[0].preloaded == ["fractions"]  # a missing module is skipped, not fatal
+
+
+async def test_a_killed_template_is_replaced_without_failing_a_call_or_a_session():
+    """The template (what interpreters are forked from) is the biggest process of a worker, the
+    kernel's pick when memory runs out were it not for the interpreters' OOM scores: losing it costs
+    a restart of it, not a call or a session."""
+    import os
+    import signal
+    from pathlib import Path
+
+    from cleaner.sandbox import Sandbox
+
+    def below(root: int) -> list[int]:
+        children: dict[int, list[int]] = {}
+        for name in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(name))
+        out, todo = [], [root]
+        while todo:
+            for child in children.get(todo.pop(), []):
+                out.append(child)
+                todo.append(child)
+        return out
+
+    def processes(worker) -> dict[int, tuple[int, str]]:
+        """pid -> (parent pid, OOM score adjustment) of the worker's Python processes."""
+        found = {}
+        for pid in below(worker.process.pid):
+            try:
+                if b"zygote.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                    found[pid] = (parent, Path(f"/proc/{pid}/oom_score_adj").read_text().strip())
+            except OSError:
+                continue
+        return found
+
+    def template(worker) -> int:
+        found = processes(worker)
+        # the zygote's child that kept the zygote's OOM score: interpreters and session inits raise
+        # theirs, so the kernel kills model code first when memory runs out
+        (pid,) = [p for p, (parent, score) in found.items() if parent in found and score == "0"]
+        assert {score for p, (_, score) in found.items() if p != pid and found[p][0] in found} <= {
+            "1000"
+        }
+        return pid
+
+    async with Sandbox(workers=1) as sb:
+        assert (await sb.run("x = 41", session="s")).ok
+        first = template(sb.workers[0])
+        os.kill(first, signal.SIGKILL)
+        results = [await sb.run("print(6 * 7)") for _ in range(3)]
+        assert [(r.status, r.stdout) for r in results] == [("ok", "42\n")] * 3
+        kept = await sb.run("print(x + 1)", session="s")
+        assert (kept.status, kept.stdout, kept.state_lost) == ("ok", "42\n", False)
+        assert template(sb.workers[0]) != first

@@ -242,11 +242,15 @@ def become_child(keep_fds, scratch, uid, own_user_namespace=False):
     if own_user_namespace:
         enter_own_user_namespace()
     drop_capabilities()
-    # When the worker's memory cgroup is full, the kernel should kill model code, not the zygote.
+    # When the worker's memory cgroup is full, the kernel should kill model code, not the zygote or
+    # the template. (/proc/self of a process that is not dumpable belongs to root: dumpable while
+    # writing, as for the uid map.)
+    libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
     try:
         write_file("/proc/self/oom_score_adj", b"1000")
     except OSError:
         pass
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     os.setsid()
     os.chdir(scratch)
     os.environ["HOME"] = os.environ["TMPDIR"] = scratch
@@ -565,8 +569,16 @@ class Template:
         theirs.close()
         hello = ours.recv(65536)
         if not hello:
-            raise RuntimeError("the template process died while importing")
+            raise TemplateFailed("the template process died while importing")
         return cls(pid, ours, json.loads(hello))
+
+    def stop(self):
+        """Kill it (not its process group: that is the zygote's) and close its socket."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.sock.close()
 
     def fork(self, role, scratch, channel, user_namespace):
         """A new process (`role`: interpreter or group) serving `channel`; its pid."""
@@ -585,7 +597,11 @@ class Template:
 
 
 class TemplateLost(RuntimeError):
-    """The template process is gone: the worker cannot make interpreters and must be restarted."""
+    """The template process is gone; the zygote starts another."""
+
+
+class TemplateFailed(RuntimeError):
+    """A template process died while importing: the worker cannot make interpreters."""
 
 
 # ---------------------------------------------------------------- the zygote
@@ -687,7 +703,13 @@ class Zygote:
         ours, theirs = socket.socketpair()
         scratch = self.new_scratch()
         try:
-            pid = self.template.fork(role, scratch, theirs, self.user_namespaces)
+            try:
+                pid = self.template.fork(role, scratch, theirs, self.user_namespaces)
+            except TemplateLost:
+                # Killed (the kernel's OOM killer, say): start another; sessions keep their state.
+                self.template.stop()
+                self.template = Template.start(self.config, self.host.fileno())
+                pid = self.template.fork(role, scratch, theirs, self.user_namespaces)
         finally:
             theirs.close()
         return Interpreter(pid, ours, scratch)
@@ -1020,7 +1042,7 @@ class Zygote:
             self.orphans.clear()  # exit statuses matter only within the request that caused them
             try:
                 reply = self.handle(request)
-            except TemplateLost:
+            except (TemplateLost, TemplateFailed):
                 os._exit(1)  # the host sees the worker die, answers `killed` and starts a new one
             except Exception as e:  # noqa: BLE001 - a harness bug must reach the host, not hang it
                 reply = {"error": f"{type(e).__name__}: {e}"}
@@ -1033,7 +1055,7 @@ class Zygote:
             if self.spare is None:
                 try:
                     self.spare = self.spawn()
-                except TemplateLost:
+                except (TemplateLost, TemplateFailed):
                     os._exit(1)
 
 
