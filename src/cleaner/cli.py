@@ -591,7 +591,7 @@ def score(
 
 @app.command("exec")
 def exec_(
-    input: Annotated[Path, typer.Argument(help='JSONL lines {"id", "code", "session"?}')],
+    input: Annotated[Path, typer.Argument(help='JSONL lines {"id", "code", "session"?, "stdin"?}')],
     output: Annotated[Path, typer.Option("-o", "--output", help="results, one line per input id")],
     timeout: Annotated[float, typer.Option(help="seconds per call")] = 10.0,
     memory_mb: Annotated[int, typer.Option(help="address-space limit per call, MiB")] = 2048,

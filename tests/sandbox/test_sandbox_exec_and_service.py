@@ -40,6 +40,7 @@ def test_exec_file_gives_every_id_exactly_one_line(tmp_path):
         {"id": "killer", "code": "import os, signal\nos.killpg(0, signal.SIGKILL)"},
         {"id": "loop", "code": "while True: pass", "meta": {"kept": True}},
         {"id": "s3", "code": "print(x)", "session": "A"},
+        {"id": "in", "code": "print(sum(map(int, input().split())))", "stdin": "1 2 3\n"},
     ]
     source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_jsonl(source, records)
@@ -54,6 +55,7 @@ def test_exec_file_gives_every_id_exactly_one_line(tmp_path):
     assert by_id["other"]["stdout"] == "False\n"
     assert by_id["killer"]["status"] in ("killed", "ok")
     assert by_id["loop"]["status"] == "timeout" and by_id["loop"]["meta"] == {"kept": True}
+    assert by_id["in"]["stdout"] == "6\n"
     assert all(
         {"status", "stdout", "stderr", "duration_s", "isolation"} <= set(line) for line in lines
     )
@@ -68,6 +70,7 @@ def test_exec_file_gives_every_id_exactly_one_line(tmp_path):
         ('{"id": 1}', "code"),
         ('{"id": 1, "code": 5}', "code"),
         ('{"id": true, "code": "1"}', "id"),
+        ('{"id": 1, "code": "1", "stdin": 5}', "stdin"),
     ],
 )
 def test_exec_file_malformed_line_names_file_and_line(tmp_path, line, field):
@@ -106,6 +109,7 @@ async def test_service_serves_the_same_api(service):
         assert r.status == "error" and r.error_type == "ZeroDivisionError"
         assert (await remote.run("while True: pass", timeout=0.3)).status == "timeout"
         assert (await remote.run(123)).status == "invalid"
+        assert (await remote.run("print(input()[::-1])", stdin="abc")).stdout == "cba\n"
 
         await remote.run("x = 1", session="s")
         token = await remote.snapshot("s")

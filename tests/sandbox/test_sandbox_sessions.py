@@ -352,3 +352,24 @@ async def test_a_killed_template_is_replaced_without_failing_a_call_or_a_session
         kept = await sb.run("print(x + 1)", session="s")
         assert (kept.status, kept.stdout, kept.state_lost) == ("ok", "42\n", False)
         assert template(sb.workers[0]) != first
+
+
+def test_standard_input(sb):
+    text = "3 4\nsecond line\n"
+    r = sb.run("a, b = map(int, input().split()); print(a * b); print(input().upper())", stdin=text)
+    assert (r.status, r.stdout) == ("ok", "12\nSECOND LINE\n")
+    r = sb.run("import sys, os; print(len(sys.stdin.read()), len(os.read(0, 100)))", stdin=text)
+    assert r.stdout == f"{len(text)} 0\n"  # one file behind sys.stdin and fd 0, read once
+    r = sb.run("import os; print(repr(open(0).read()))", stdin="é\n")
+    assert r.stdout == "'é\\n'\n"
+    assert sb.run("print(repr(input()))").error_type == "EOFError"  # no input: empty
+    assert sb.run("print(1)", stdin=5).status == "invalid"
+
+
+def test_a_sessions_cells_read_their_own_input_only(sb):
+    assert sb.run("first = input()", session="in", stdin="one\nleft over\n").ok
+    r = sb.run("import os; print(first, repr(os.read(0, 100)))", session="in")
+    assert r.stdout == "one b''\n"  # the unread rest of the previous cell's input is gone
+    r = sb.run("print(first, input())", session="in", stdin="two\n")
+    assert r.stdout == "one two\n"
+    sb.close_session("in")

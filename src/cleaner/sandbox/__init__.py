@@ -9,6 +9,9 @@ Quick use (async, one coroutine per trajectory in a rollout):
         r.status, r.stdout, r.error_type, r.line     # 'ok', '{2: 3, 3: 2, 5: 1}\\n', None, None
         r.to_observation()                           # cleaner.trajectory.Observation
 
+`run(code, session=None, timeout=None, stdin=None, print_last_expr=None)`: `stdin` is what the
+cell reads from standard input (`input()`, `sys.stdin`, fd 0); without it, standard input is empty.
+
 Blocking code uses `SyncSandbox()` (same methods, no await). `connect(url)` returns the HTTP client
 (`RemoteSandbox`) when a URL is given or CLEANER_SANDBOX_URL is set, else an embedded `Sandbox`: the
 same API either way. `serve(host, port)` runs the service; `exec_file(in, out)` is `cleaner exec`.

@@ -380,14 +380,39 @@ def unused_stream_fds():
     return [unused_streams[0][2].fileno()] if unused_streams else []
 
 
-def run_cell(code, out_fd, err_fd, namespace, limits, print_last_expr):
-    """Run one cell with fds 1 and 2 pointing at the host's pipes; return the interpreter's account."""
+fd0_replaced = []
+"""Not empty once a cell of this interpreter had its own input on fd 0."""
+
+
+def stdin_file(text):
+    """A file holding `text`, at offset 0, as an fd: the standard input of one cell."""
+    fd = os.memfd_create("stdin")
+    data = memoryview(text.encode("utf-8", "surrogateescape"))
+    while data:
+        data = data[os.write(fd, data) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def run_cell(code, out_fd, err_fd, namespace, limits, print_last_expr, stdin_fd=None):
+    """Run one cell with fds 1 and 2 pointing at the host's pipes, and fd 0 at its input (or
+    /dev/null); return the interpreter's account."""
     os.dup2(out_fd, 1)
     os.dup2(err_fd, 2)
     os.close(out_fd)
     os.close(err_fd)
     # Fresh stream objects every cell: a previous cell may have replaced or closed sys.stdout.
     sys.stdout, sys.stderr, sys.stdin = unused_streams.pop() if unused_streams else new_streams()
+    if stdin_fd is not None:
+        os.dup2(stdin_fd, 0)
+        os.close(stdin_fd)
+        sys.stdin = open(0, encoding="utf-8", errors="surrogateescape", closefd=False)
+        fd0_replaced.append(True)
+    elif fd0_replaced:  # a session's earlier cell had input: this one reads none of it
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        fd0_replaced.clear()
     linecache.cache[CELL] = (len(code), None, code.splitlines(True), CELL)
     outcome = {"error_type": None, "message": None, "line": None, "exit_code": None}
     try:
@@ -427,7 +452,7 @@ def serve_interpreter(sock, namespace):
             os._exit(0)
         op = request["op"]
         if op == "run":
-            out_fd, err_fd = fds
+            out_fd, err_fd, *stdin_fd = fds
             outcome = run_cell(
                 request["code"],
                 out_fd,
@@ -435,6 +460,7 @@ def serve_interpreter(sock, namespace):
                 namespace,
                 request["limits"],
                 request["print_last_expr"],
+                stdin_fd[0] if stdin_fd else None,
             )
             try:
                 send_frame(sock, dict(outcome, nonce=request["nonce"]))
@@ -786,12 +812,15 @@ class Zygote:
             "nonce": nonce,
             "exit_after": stateless,
         }
+        passed = [out_w, err_w]
+        if request.get("stdin") is not None:
+            passed.append(stdin_file(request["stdin"]))
         try:
-            send_frame(interp.sock, run, [out_w, err_w])
+            send_frame(interp.sock, run, passed)
         except OSError:
             pass  # it died already; the pidfd below says so
-        os.close(out_w)
-        os.close(err_w)
+        for fd in passed:
+            os.close(fd)
         cap = request["max_output_bytes"]
         timeout = request["limits"]["timeout"]
         deadline = start + timeout

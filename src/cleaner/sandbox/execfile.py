@@ -20,6 +20,7 @@ class Call:
     id: str | int
     code: str
     session: str | None
+    stdin: str | None
     extra: dict[str, Any]
 
 
@@ -43,8 +44,12 @@ def read_calls(path: str | os.PathLike) -> list[Call]:
             raise RecordError(
                 "must be a string or integer", path=path, line=lineno, field="session"
             )
-        extra = {k: v for k, v in record.items() if k not in ("id", "code", "session")}
-        calls.append(Call(ident, code, None if session is None else str(session), extra))
+        stdin = record.get("stdin")
+        if stdin is not None and not isinstance(stdin, str):
+            raise RecordError("must be a string", path=path, line=lineno, field="stdin")
+        extra = {k: v for k, v in record.items() if k not in ("id", "code", "session", "stdin")}
+        session = None if session is None else str(session)
+        calls.append(Call(ident, code, session, stdin, extra))
     return calls
 
 
@@ -96,8 +101,9 @@ async def _exec_calls(calls, out_path, limits, workers, isolation, progress, url
         async with in_flight:
             session = f"exec:{key[1]}" if key[0] == "session" else None
             for index in indices:
+                call = calls[index]
                 results[index] = await sandbox.run(
-                    calls[index].code, session=session, timeout=limits.timeout
+                    call.code, session=session, timeout=limits.timeout, stdin=call.stdin
                 )
                 if bar:
                     bar.advance()

@@ -128,8 +128,11 @@ class Sandbox:
         timeout: float | None = None,
         print_last_expr: bool | None = None,
         limits: Limits | None = None,
+        stdin: str | None = None,
     ) -> ExecResult:
-        """Run `code`; with `session`, in that session's interpreter (created on first use)."""
+        """Run `code`; with `session`, in that session's interpreter (created on first use).
+        `stdin`: what the cell reads from standard input (`input()`, `sys.stdin`, fd 0); without
+        it standard input is empty."""
         limits = limits or self.limits
         if timeout is not None:
             limits = replace(limits, timeout=timeout)
@@ -137,6 +140,8 @@ class Sandbox:
             return self._invalid(f"code must be a string, got {type(code).__name__}", session)
         if "\x00" in code:
             return self._invalid("code contains a NUL character", session)
+        if stdin is not None and not isinstance(stdin, str):
+            return self._invalid(f"stdin must be a string, got {type(stdin).__name__}", session)
         request = {
             "op": "run",
             "code": code,
@@ -144,6 +149,7 @@ class Sandbox:
             "limits": limits.to_wire(),
             "max_output_bytes": limits.max_output_bytes,
             "print_last_expr": self.print_last_expr if print_last_expr is None else print_last_expr,
+            "stdin": stdin,
         }
         worker = self._session_worker(session) if session is not None else self._least_loaded()
         worker.pending += 1

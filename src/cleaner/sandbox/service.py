@@ -2,7 +2,7 @@
 
 Endpoints (JSON in, JSON out; the bodies mirror `Sandbox`'s methods):
 
-    POST /run            {"code", "session"?, "timeout"?, "print_last_expr"?} -> an ExecResult dict
+    POST /run            {"code", "session"?, "timeout"?, "print_last_expr"?, "stdin"?} -> an ExecResult
     POST /snapshot       {"session"}            -> {"token"}
     POST /restore        {"session", "token"}   -> {} or 410 {"error"} when the snapshot is gone
     POST /release        {"session", "token"}   -> {}
@@ -92,6 +92,7 @@ def make_app(
                 session=session_of(data, required=False),
                 timeout=timeout,
                 print_last_expr=bool(print_last_expr) if print_last_expr is not None else None,
+                stdin=data.get("stdin"),
             ),
         )
         return web.json_response(result.to_dict())
@@ -235,12 +236,14 @@ class RemoteSandbox:
         session: str | None = None,
         timeout: float | None = None,
         print_last_expr: bool | None = None,
+        stdin: str | None = None,
     ) -> ExecResult:
         payload = {
             "code": code,
             "session": session,
             "timeout": timeout,
             "print_last_expr": print_last_expr,
+            "stdin": stdin,
         }
         _, data = await self._post("/run", {k: v for k, v in payload.items() if v is not None})
         return ExecResult.from_dict(data)
